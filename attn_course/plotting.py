@@ -1,0 +1,114 @@
+"""Pictures shared by the chapters: attention heatmaps with the tokens on both axes."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+__all__ = ["plot_attention", "plot_attention_grid"]
+
+
+def _as_matrix(weights) -> "torch.Tensor":
+    w = torch.as_tensor(weights).detach().float().cpu()
+    if w.dim() != 2:
+        raise ValueError(f"weights must be a 2-D (queries, keys) matrix, got shape {tuple(w.shape)}")
+    return w
+
+
+def plot_attention(
+    weights,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    *,
+    ax=None,
+    title: str | None = None,
+    annotate: bool | None = None,
+    cmap: str = "viridis",
+    colorbar: bool = True,
+    vmax: float | None = 1.0,
+):
+    """Draw one attention matrix as a heatmap: queries down the side, keys along the top.
+
+    Args:
+        weights: ``(L, S)`` weights (a tensor or array).
+        query_labels, key_labels: token strings for the rows and the columns.
+        ax: a matplotlib axis to draw on (a new figure when None).
+        title: the axis title.
+        annotate: write each weight in its cell (default: when the matrix is at most 10 x 10).
+        cmap: colour map.
+        colorbar: add a colour bar.
+        vmax: top of the colour scale (1.0 for weights; None to use the data's maximum).
+
+    Returns:
+        The matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    w = _as_matrix(weights)
+    L, S = w.shape
+    for name, labels, n in (("query_labels", query_labels, L), ("key_labels", key_labels, S)):
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"{name} has {len(labels)} labels but the weights have {n} along that axis")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(3.0, 0.5 * S + 1.5), max(2.5, 0.45 * L + 1.0)))
+    else:
+        fig = ax.figure
+    image = ax.imshow(w.numpy(), cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
+    ax.set_xticks(range(S), labels=list(key_labels) if key_labels is not None else range(S), rotation=90 if S > 12 else 0)
+    ax.set_yticks(range(L), labels=list(query_labels) if query_labels is not None else range(L))
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    if title:
+        ax.set_title(title, pad=28 if S <= 12 else 40)
+    if annotate is None:
+        annotate = L <= 10 and S <= 10
+    if annotate:
+        top = float(w.max()) if vmax is None else vmax
+        for i in range(L):
+            for j in range(S):
+                value = float(w[i, j])
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                        color="black" if value > 0.6 * top else "white")
+    if colorbar:
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    return fig
+
+
+def plot_attention_grid(weights, query_labels=None, key_labels=None, *, titles=None, ncols: int = 4, suptitle=None):
+    """Several attention matrices side by side (for example one per head).
+
+    Args:
+        weights: ``(N, L, S)`` matrices.
+        query_labels, key_labels: token strings, shared by all panels.
+        titles: one title per panel (default ``head 0``, ``head 1``, ...).
+        ncols: panels per row.
+        suptitle: a title over the whole figure.
+
+    Returns:
+        The matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    w = torch.as_tensor(weights).detach().float().cpu()
+    if w.dim() != 3:
+        raise ValueError(f"weights must be (N, L, S), got shape {tuple(w.shape)}")
+    n = w.size(0)
+    titles = [f"head {i}" for i in range(n)] if titles is None else list(titles)
+    ncols = min(ncols, n)
+    nrows = (n + ncols - 1) // ncols
+    L, S = w.shape[1:]
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * max(2.6, 0.3 * S + 1.2), nrows * max(2.6, 0.3 * L + 1.2)), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= n:
+            ax.axis("off")
+            continue
+        plot_attention(w[i], query_labels, key_labels, ax=ax, title=titles[i], annotate=False, colorbar=False)
+        if i % ncols:
+            ax.set_ylabel("")
+    if suptitle:
+        fig.suptitle(suptitle)
+    fig.tight_layout()
+    return fig

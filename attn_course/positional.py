@@ -1,0 +1,124 @@
+"""Chapter 06: positional encodings and token embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ._checks import check_positive_int, check_probability, check_tensor
+
+__all__ = ["sinusoidal_positional_encoding", "PositionalEncoding", "TokenEmbedding"]
+
+
+def sinusoidal_positional_encoding(max_len: int, d_model: int, *, device=None, dtype=None) -> torch.Tensor:
+    """The fixed sinusoidal encoding of Vaswani et al. (2017).
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i / d_model))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i / d_model))``
+    for ``i = 0 .. d_model/2 - 1``: wavelengths run geometrically from ``2*pi`` to (almost)
+    ``10000 * 2*pi``. An odd ``d_model`` keeps the last sine column and drops its cosine.
+
+    Args:
+        max_len: number of positions.
+        d_model: width of the encoding.
+        device, dtype: of the result (default: torch's defaults).
+
+    Shape:
+        ``(max_len, d_model)``
+    """
+    check_positive_int("max_len", max_len, allow_zero=True)
+    check_positive_int("d_model", d_model)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+    # Computed in float64 for accuracy at large positions, then cast.
+    position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(d_model / 2),)
+    inv_freq = torch.exp(-math.log(10000.0) * two_i / d_model)  # 1 / 10000^(2i / d_model)
+    angles = position * inv_freq  # (max_len, ceil(d_model / 2))
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64, device=device)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return pe.to(dtype)
+
+
+class PositionalEncoding(nn.Module):
+    """Add the sinusoidal encoding to a batch of embeddings, then apply dropout.
+
+    Args:
+        d_model: width ``E`` of the embeddings.
+        max_len: the longest sequence it accepts.
+        dropout: dropout probability after the addition.
+
+    Shape:
+        - x: ``(B, T, E)`` (any leading dimensions work), with ``start + T <= max_len``
+        - output: same as x, on x's device and in x's dtype.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("max_len", max_len)
+        check_probability("dropout", dropout)
+        self.d_model, self.max_len = d_model, max_len
+        self.dropout = nn.Dropout(dropout)
+        # Not a parameter and not saved in the state dict: it is a fixed function of the position.
+        self.register_buffer("pe", sinusoidal_positional_encoding(max_len, d_model), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Add the encodings of positions ``start .. start+T-1`` (``start`` serves cached decoding)."""
+        check_tensor("x", x, min_dim=2, floating=True)
+        check_positive_int("start", start, allow_zero=True)
+        T = x.size(-2)
+        if x.size(-1) != self.d_model:
+            raise ValueError(f"x must have last dimension d_model={self.d_model}, got shape {tuple(x.shape)}")
+        if start + T > self.max_len:
+            raise ValueError(
+                f"positions up to {start + T} were asked for but max_len={self.max_len}; "
+                f"build PositionalEncoding with a larger max_len"
+            )
+        pe = self.pe[start : start + T].to(device=x.device, dtype=x.dtype)  # (T, E)
+        return self.dropout(x + pe)
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids to vectors, scaled by ``sqrt(d_model)`` as in Vaswani et al. (2017).
+
+    The scaling makes the embeddings' size comparable to the positional encoding's (whose entries
+    lie in [-1, 1]) when the embedding weights start small.
+
+    Args:
+        vocab_size: number of distinct tokens.
+        d_model: width ``E``.
+        padding_idx: optional id whose vector stays zero and gets no gradient.
+
+    Shape:
+        - tokens: ``(B, T)`` integer ids
+        - output: ``(B, T, E)``
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None) -> None:
+        super().__init__()
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("d_model", d_model)
+        if padding_idx is not None:
+            check_positive_int("padding_idx", padding_idx, allow_zero=True)
+            if padding_idx >= vocab_size:
+                raise ValueError(f"padding_idx must be below vocab_size={vocab_size}, got {padding_idx}")
+        self.d_model = d_model
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        check_tensor("tokens", tokens)
+        if tokens.is_floating_point() or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        vocab_size = self.embedding.num_embeddings
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+            raise ValueError(
+                f"token ids must lie in [0, {vocab_size}), got ids from {int(tokens.min())} to {int(tokens.max())}"
+            )
+        return self.embedding(tokens) * math.sqrt(self.d_model)  # (B, T, E)

@@ -1,0 +1,84 @@
+"""Write every chapter's first code cell from one template, with the repository URL of _config.yml.
+
+The first cell of a chapter makes it self-sufficient: on Colab (or anywhere attn_course is missing)
+it installs the package, from $ATTN_COURSE_PIP_SOURCE when that is set, otherwise from the
+repository. Run `make sync` after changing `repository.url` in _config.yml; a test checks that every
+chapter's first cell matches this template.
+
+Usage: python tools/sync_setup_cells.py [--check] [chapters/NN_name.ipynb ...]
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MARKER = "# Setup: runs everywhere"
+
+
+def repository_url() -> str:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    return config["repository"]["url"].rstrip("/")
+
+
+def setup_cell_source(url: str | None = None) -> str:
+    url = url or repository_url()
+    return f'''{MARKER} (local, Colab, Binder). Installs attn_course only where it is missing.
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("attn_course") is None and os.path.isdir("../attn_course"):
+    sys.path.insert(0, os.path.abspath(".."))  # a clone of the repository: use it as it is
+if importlib.util.find_spec("attn_course") is None:  # Colab, or a notebook downloaded alone
+    source = os.environ.get("ATTN_COURSE_PIP_SOURCE", "git+{url}")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", source], check=True)
+
+import torch
+import attn_course as ac
+
+device = ac.get_device()  # CUDA, then Apple MPS, then the CPU
+ac.set_seed(0)
+torch.set_printoptions(precision=3, sci_mode=False)
+print(f"attn_course {{ac.__version__}}, torch {{torch.__version__}}, device: {{device}}")'''
+
+
+def first_code_cell(nb: dict) -> dict | None:
+    return next((c for c in nb["cells"] if c["cell_type"] == "code"), None)
+
+
+def sync(path: pathlib.Path, source: str, check: bool) -> bool:
+    """Return True when the chapter's first cell is (now) the template."""
+    nb = json.loads(path.read_text())
+    cell = first_code_cell(nb)
+    if cell is None:
+        raise SystemExit(f"{path}: has no code cell")
+    current = "".join(cell["source"])
+    if current == source:
+        return True
+    if not current.startswith(MARKER):
+        raise SystemExit(f"{path}: the first code cell must start with {MARKER!r}")
+    if check:
+        return False
+    cell["source"] = source.splitlines(keepends=True)
+    tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+    if "nbval-ignore-output" not in tags:  # it prints versions and the device, which vary
+        tags.append("nbval-ignore-output")
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    print(f"updated {path.relative_to(ROOT)}")
+    return True
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    paths = [pathlib.Path(a) for a in argv if not a.startswith("--")] or sorted((ROOT / "chapters").glob("*.ipynb"))
+    source = setup_cell_source()
+    stale = [p for p in paths if not sync(p, source, check)]
+    for p in stale:
+        print(f"{p}: first cell differs from the template; run `make sync`")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
