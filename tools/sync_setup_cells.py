@@ -35,6 +35,7 @@ if importlib.util.find_spec("attn_course") is None:  # Colab, or a notebook down
     source = os.environ.get("ATTN_COURSE_PIP_SOURCE", "git+{url}")
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", source], check=True)
 
+import matplotlib.pyplot as plt
 import torch
 import attn_course as ac
 
@@ -66,7 +67,7 @@ def sync(path: pathlib.Path, source: str, check: bool) -> bool:
     if "nbval-ignore-output" not in tags:  # it prints versions and the device, which vary
         tags.append("nbval-ignore-output")
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    print(f"updated {path.relative_to(ROOT)}")
+    print(f"updated {path}")
     return True
 
 
