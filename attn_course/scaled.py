@@ -70,10 +70,13 @@ def _check_attention_inputs(query, key, value, attn_mask, dropout_p, is_causal, 
 
 def _attention_weights(query, key, attn_mask, is_causal, scale):
     """Steps 1 to 3 of attention (scores, masks, softmax) on inputs that were already checked."""
-    L, S = query.size(-2), key.size(-2)
+    L, S, dtype = query.size(-2), key.size(-2), query.dtype
     scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else float(scale)
 
-    # 1. Similarity of every query with every key. Scaling q first keeps float16 products small.
+    # 1. Similarity of every query with every key. float16 tops out at 65504, so its scores are
+    # computed in float32 (bfloat16 has float32's range and stays as it is).
+    if query.dtype == torch.float16:
+        query, key = query.float(), key.float()
     scores = (query * scale) @ key.transpose(-2, -1)  # (..., L, E) @ (..., E, S) -> (..., L, S)
 
     # 2. Masks: blocked positions get -inf, so that softmax gives them exactly zero weight.
@@ -88,10 +91,14 @@ def _attention_weights(query, key, attn_mask, is_causal, scale):
 
     # 3. Normalise each row to weights that sum to one (in float32 at least, for half precision).
     compute_dtype = torch.promote_types(scores.dtype, torch.float32)
-    weights = torch.softmax(scores, dim=-1, dtype=compute_dtype)  # (..., L, S)
-    # A row whose scores are all -inf has nothing to attend to: softmax gives 0/0 = NaN there.
+    if attn_mask is None or S == 0:  # (is_causal alone always leaves key 0 to every query)
+        return torch.softmax(scores, dim=-1, dtype=compute_dtype).to(dtype)
+    # A row whose scores are all -inf has nothing to attend to: softmax would give 0/0 = NaN there,
+    # and NaN gradients. Give such rows finite scores, then zero their weights.
     nothing_to_attend = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L, 1)
-    return weights.masked_fill(nothing_to_attend, 0.0).to(query.dtype)
+    scores = scores.masked_fill(nothing_to_attend, 0.0)
+    weights = torch.softmax(scores, dim=-1, dtype=compute_dtype)  # (..., L, S)
+    return weights.masked_fill(nothing_to_attend, 0.0).to(dtype)
 
 
 def scaled_dot_product_attention(
@@ -114,8 +121,8 @@ def scaled_dot_product_attention(
     corner, as PyTorch aligns it, also when ``L != S``).
 
     A query that may attend to no key at all gets zeros in its output and weights, never NaN.
-    Scores are computed in the inputs' dtype and normalised in float32 (or float64), so float16 and
-    bfloat16 inputs neither overflow in the softmax nor lose small weights.
+    Scores are normalised in float32 (or float64), and float16 scores are computed in float32, so
+    half-precision inputs neither overflow nor lose small weights.
 
     Args:
         query: queries.

@@ -1,0 +1,124 @@
+"""The explorable builder and the exercise-check machinery (chapter 02's checks as the example)."""
+
+import ipywidgets as widgets
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+import attn_course as ac
+from attn_course.exercises import Feedback, call, exercise, expect_close
+from attn_course.exercises.ch02 import check_batched_self_attention, check_hard_attention, check_stable_softmax
+
+
+def _figure(**values):
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.set_title(str(values))
+    return fig
+
+
+def _links():
+    from ipywidgets.widgets import widget as widget_module
+
+    registry = widget_module._instances  # every live widget, by model id
+    return [w for w in registry.values() if isinstance(w, widgets.widgets.widget_link.Link)]
+
+
+def test_explorable_precomputes_every_view_and_links_with_jslink():
+    box = ac.explorable(_figure, {"temperature": [0.5, 1, 2]})
+    control, stack = box.children
+    assert isinstance(control, widgets.SelectionSlider) and isinstance(stack, widgets.Stack)
+    assert len(stack.children) == 3 and all(isinstance(c, widgets.Image) and bytes(c.value).startswith(b"\x89PNG") for c in stack.children)
+    # Distinct pictures for distinct values.
+    assert len({bytes(c.value) for c in stack.children}) == 3
+    links = _links()
+    assert any(l.source == (control, "index") and l.target == (stack, "selected_index") for l in links)
+
+
+def test_explorable_with_two_parameters_nests_stacks():
+    box = ac.explorable(_figure, {"layer": [0, 1], "head": [0, 1, 2]}, kinds={"layer": "dropdown", "head": "buttons"})
+    layer_control, head_control, outer = box.children
+    assert isinstance(layer_control, widgets.Dropdown) and isinstance(head_control, widgets.ToggleButtons)
+    assert len(outer.children) == 2 and all(len(inner.children) == 3 for inner in outer.children)
+    links = _links()
+    for inner in outer.children:
+        assert any(l.source == (head_control, "index") and l.target == (inner, "selected_index") for l in links)
+
+
+def test_explorable_refuses_too_many_views():
+    with pytest.raises(ValueError, match="views"):
+        ac.explorable(_figure, {"a": list(range(10)), "b": list(range(10))})
+
+
+# --- the exercise machinery ---------------------------------------------------------------------
+
+@exercise("demo", hint="add one")
+def _check_add_one(fn):
+    expect_close(call(fn, torch.tensor([1.0])), torch.tensor([2.0]), what="fn([1.0])")
+    return "fine"
+
+
+@pytest.mark.parametrize(
+    "answer, status, text",
+    [
+        (lambda t: t + 1, "correct", "fine"),
+        (lambda t: t + 2, "incorrect", "expected 2.0000, got 3.0000"),
+        (lambda t: 1 / 0, "error", "ZeroDivisionError"),
+        (lambda t: None, "not attempted", "Not attempted yet"),
+        (..., "not attempted", "Not attempted yet"),
+        (lambda t: (_ for _ in ()).throw(NotImplementedError()), "not attempted", "Not attempted yet"),
+        (lambda t: [2.0], "incorrect", "expected a torch.Tensor, got list"),
+    ],
+)
+def test_feedback_statuses(answer, status, text):
+    feedback = _check_add_one(answer)
+    assert isinstance(feedback, Feedback)
+    assert feedback.status == status
+    assert text in str(feedback)
+    assert bool(feedback) == (status == "correct")
+    assert "Traceback" not in str(feedback)
+    if status in ("incorrect", "error"):
+        assert "Hint: add one" in str(feedback)
+
+
+def _scaffold(*args):
+    ...
+
+
+def test_ch02_checks_right_answers():
+    def stable_softmax(s):
+        e = torch.exp(s - s.max(-1, keepdim=True).values)
+        return e / e.sum(-1, keepdim=True)
+
+    def batched(x):
+        w = torch.softmax(x @ x.transpose(-2, -1), -1)
+        return w @ x, w
+
+    def hard(x):
+        w = torch.nn.functional.one_hot((x @ x.T).argmax(-1), x.size(0)).float()
+        return w @ x, w
+
+    assert check_stable_softmax(stable_softmax)
+    assert check_batched_self_attention(batched)
+    assert check_hard_attention(hard)
+
+
+def test_ch02_checks_wrong_answers_say_what_is_wrong():
+    naive = check_stable_softmax(lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True))
+    assert naive.status == "incorrect" and "overflow" in naive.message
+    wrong_axis = check_batched_self_attention(lambda x: (torch.softmax(x @ x.transpose(-2, -1), 0) @ x, torch.softmax(x @ x.transpose(-2, -1), 1)))
+    assert wrong_axis.status == "incorrect" and "wrong axis" in wrong_axis.message
+    single = check_batched_self_attention(lambda x: torch.softmax(x @ x.transpose(-2, -1), -1))
+    assert single.status == "incorrect" and "pair" in single.message
+    soft = check_hard_attention(lambda x: (torch.softmax(x @ x.T, -1) @ x, torch.softmax(x @ x.T, -1)))
+    assert soft.status == "incorrect" and "one-hot" in soft.message
+    crash = check_hard_attention(lambda x: x.T @ x @ x)
+    assert crash.status == "error" and "RuntimeError" in crash.message
+
+
+@pytest.mark.parametrize("check", [check_stable_softmax, check_batched_self_attention, check_hard_attention])
+def test_ch02_checks_untouched_scaffold_is_not_attempted(check):
+    feedback = check(_scaffold)
+    assert feedback.status == "not attempted" and "Not attempted yet" in str(feedback)
