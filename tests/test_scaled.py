@@ -211,3 +211,20 @@ def test_default_scale_is_one_over_sqrt_width():
     torch.testing.assert_close(
         ac.scaled_dot_product_attention(q, k, v)[0], ac.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(9))[0]
     )
+
+
+def test_dropout_matches_torch_for_the_same_seed():
+    # On the CPU PyTorch's math path draws the same dropout mask from the same generator state.
+    q, k, v = _qkv((2, 3), 5, 6, 8, 4, seed=8)
+    torch.manual_seed(1)
+    expected = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    torch.manual_seed(1)
+    torch.testing.assert_close(ac.scaled_dot_product_attention(q, k, v, dropout_p=0.3)[0], expected)
+
+
+def test_batch_dimensions_broadcast_as_in_torch():
+    g = torch.Generator().manual_seed(9)
+    q, k, v = torch.randn(2, 1, 5, 8, generator=g), torch.randn(1, 3, 6, 8, generator=g), torch.randn(1, 3, 6, 4, generator=g)
+    out, weights = ac.scaled_dot_product_attention(q, k, v)
+    assert out.shape == (2, 3, 5, 4) and weights.shape == (2, 3, 5, 6)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
