@@ -129,10 +129,14 @@ class MultiHeadAttention(nn.Module):
                 empty_rows = None
 
         weights = None
+        # A causal mask alone is passed on as is_causal=True, which both backends handle without
+        # building and checking a mask.
+        only_causal = is_causal and key_padding_mask is None and attn_mask is None
         if self.backend == "reference":
-            context, weights = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            context, weights = scaled_dot_product_attention(
+                q, k, v, attn_mask=None if only_causal else mask, dropout_p=dropout_p, is_causal=only_causal
+            )  # (B, H, L, D), (B, H, L, S)
         else:
-            only_causal = is_causal and key_padding_mask is None and attn_mask is None
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=None if only_causal else mask, dropout_p=dropout_p, is_causal=only_causal
             )  # (B, H, L, D)

@@ -79,13 +79,15 @@ def _attention_weights(query, key, attn_mask, is_causal, scale):
         query, key = query.float(), key.float()
     scores = (query * scale) @ key.transpose(-2, -1)  # (..., L, E) @ (..., E, S) -> (..., L, S)
 
-    # 2. Masks: blocked positions get -inf, so that softmax gives them exactly zero weight.
+    # 2. Masks: blocked positions get -inf, so that softmax gives them exactly zero weight. The
+    # scores are a fresh tensor that autograd does not need (the matmul's backward uses query and
+    # key), so they are masked in place: one fewer (..., L, S) temporary.
     if is_causal:
         allowed = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()  # (L, S), top-left aligned
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores.masked_fill_(~allowed, float("-inf"))
     elif attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
+            scores.masked_fill_(~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask.to(scores.dtype)
 
@@ -94,8 +96,14 @@ def _attention_weights(query, key, attn_mask, is_causal, scale):
     if attn_mask is None or S == 0:  # (is_causal alone always leaves key 0 to every query)
         return torch.softmax(scores, dim=-1, dtype=compute_dtype).to(dtype)
     # A row whose scores are all -inf has nothing to attend to: softmax would give 0/0 = NaN there,
-    # and NaN gradients. Give such rows finite scores, then zero their weights.
-    nothing_to_attend = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L, 1)
+    # and NaN gradients. Such rows are found from the mask (small) rather than from the scores
+    # (large); only if there are any, they get finite scores, and then zero weights.
+    if attn_mask.dtype == torch.bool:
+        nothing_to_attend = ~attn_mask.any(dim=-1, keepdim=True)  # (..., L|1, 1)
+    else:
+        nothing_to_attend = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)  # (..., L|1, 1)
+    if not bool(nothing_to_attend.any()):
+        return torch.softmax(scores, dim=-1, dtype=compute_dtype).to(dtype)
     scores = scores.masked_fill(nothing_to_attend, 0.0)
     weights = torch.softmax(scores, dim=-1, dtype=compute_dtype)  # (..., L, S)
     return weights.masked_fill(nothing_to_attend, 0.0).to(dtype)

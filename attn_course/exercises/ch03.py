@@ -1,0 +1,128 @@
+"""Checks for the exercises of chapter 03, scaled dot-product attention."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..scaled import scaled_dot_product_attention
+from . import Mismatch, NotAttempted, attempted, call, exercise, expect, expect_close, expect_tensor
+
+__all__ = ["check_self_attention_by_hand", "check_softmax_jacobian", "check_self_attention_module"]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5) -> bool:
+    return a.shape == b.shape and torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(), atol=atol, rtol=1e-4)
+
+
+def _diagnose_weights(weights: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, d_v: int, what: str) -> None:
+    """Name the usual mistakes in attention weights before comparing them value by value."""
+    d_k = queries.size(-1)
+    scores = queries @ keys.transpose(-2, -1)  # (..., T, d_k) @ (..., d_k, T) -> (..., T, T)
+    guesses = [
+        (torch.softmax(scores, dim=-1), f"your weights are softmax(Q Kᵀ): you forgot to divide the scores by sqrt(d_k) = {math.sqrt(d_k):.2f}"),
+        (torch.softmax(scores / d_k, dim=-1), f"you divided the scores by d_k = {d_k}; divide by its square root, sqrt(d_k) = {math.sqrt(d_k):.2f}"),
+        (torch.softmax(scores / math.sqrt(d_v), dim=-1),
+         f"you divided by sqrt({d_v}), the width of the values; the scale comes from the width of queries and keys, sqrt(d_k) = sqrt({d_k})"),
+        (torch.softmax(scores / math.sqrt(d_k), dim=-2), "your weights' columns sum to one, not their rows: take the softmax over the keys, dim=-1"),
+        (torch.softmax(scores.transpose(-2, -1) / math.sqrt(d_k), dim=-1),
+         "your weights are transposed: row i must hold query i's weights, so compute Q Kᵀ, not K Qᵀ"),
+    ]
+    for guess, message in guesses:
+        expect(not _close(weights, guess), f"{what}: {message}")
+
+
+@exercise(
+    "Exercise 1, self-attention from three projection matrices",
+    hint="queries = x @ W_query (and the same for keys, values); weights = softmax(queries @ keys.T / sqrt(d_k), dim=-1); "
+    "context = weights @ values",
+)
+def check_self_attention_by_hand(self_attention_by_hand) -> str:
+    generator = torch.Generator().manual_seed(31)
+    T, d_in, d_k, d_v = 5, 4, 16, 6
+    x = torch.randn(T, d_in, generator=generator)
+    W_query, W_key, W_value = (torch.randn(d_in, d, generator=generator) for d in (d_k, d_k, d_v))
+    result = call(self_attention_by_hand, x, W_query, W_key, W_value)
+    expect(isinstance(result, tuple) and len(result) == 2, f"return a pair (context, weights); got {type(result).__name__}")
+    context, weights = (attempted(r) for r in result)
+    what = f"weights for x of shape (T={T}, d_in={d_in}), d_k={d_k}, d_v={d_v}"
+    expect_tensor(weights, what=what, shape=(T, T))
+    queries, keys, values = x @ W_query, x @ W_key, x @ W_value  # (T, d_in) @ (d_in, d) -> (T, d)
+    _diagnose_weights(weights, queries, keys, d_v, what)
+    expected_context, expected_weights = scaled_dot_product_attention(queries, keys, values)
+    expect_close(weights, expected_weights, what=what)
+    expect_tensor(context, what=f"context (T={T}, d_v={d_v})", shape=(T, d_v))
+    expect(not _close(context, values), "your context equals the values themselves: multiply them by the weights, weights @ values")
+    expect_close(context, expected_context, what=f"context (T={T}, d_v={d_v})")
+    return "your weights and context vectors match attn_course.scaled_dot_product_attention."
+
+
+@exercise(
+    "Exercise 2, the Jacobian of the softmax",
+    hint="∂p_i/∂s_j = p_i (δ_ij - p_j): torch.diag(p) - torch.outer(p, p)",
+)
+def check_softmax_jacobian(softmax_jacobian) -> str:
+    generator = torch.Generator().manual_seed(32)
+    cases = {
+        "p = softmax of 5 random scores": torch.softmax(torch.randn(5, generator=generator, dtype=torch.float64), dim=0),
+        "a nearly one-hot p (scores [12, 0, 1, -2])": torch.softmax(torch.tensor([12.0, 0.0, 1.0, -2.0], dtype=torch.float64), dim=0),
+    }
+    norms = []
+    for what, p in cases.items():
+        expected = torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), torch.log(p))  # (S, S)
+        got = expect_tensor(call(softmax_jacobian, p.clone()), what=what, shape=(p.numel(), p.numel()))
+        expect(not _close(got, torch.diag(p), atol=1e-6), f"{what}: your matrix is diag(p); the term - p pᵀ is missing "
+               "(raising one score also lowers every other probability)")
+        expect(not _close(got, -torch.outer(p, p), atol=1e-6), f"{what}: your matrix is - p pᵀ; the diagonal term diag(p) is missing")
+        expect(not _close(got, torch.outer(p, p) - torch.diag(p), atol=1e-6), f"{what}: your signs are flipped; the diagonal must be positive")
+        expect_close(got, expected, what=what, atol=1e-6)
+        norms.append(float(expected.norm()))
+    return (
+        f"your Jacobian matches autograd. Its norm is {norms[0]:.3f} for the spread-out p and {norms[1]:.1e} for the nearly "
+        "one-hot p: a saturated softmax passes almost no gradient back to its scores."
+    )
+
+
+@exercise(
+    "Exercise 3, a self-attention module with d_k ≠ d_v",
+    hint="three nn.Linear(d_in, ..., bias=False) named W_query, W_key (to d_k) and W_value (to d_v); in forward, "
+    "scale the scores by 1 / sqrt(d_k)",
+)
+def check_self_attention_module(module_class) -> str:
+    if module_class is ... or module_class is None:
+        raise NotAttempted
+    d_in, d_k, d_v, B, T = 5, 8, 3, 2, 6
+    torch.manual_seed(33)
+    module = call(module_class, d_in, d_k, d_v)
+    expect(isinstance(module, nn.Module), f"{getattr(module_class, '__name__', module_class)} must be a subclass of torch.nn.Module")
+    x = torch.randn(B, T, d_in, generator=torch.Generator().manual_seed(34))
+    if not any(hasattr(module, name) for name in ("W_query", "W_key", "W_value")):
+        call(module, x)  # the untouched scaffold returns None: "not attempted"
+    for name, d_out in (("W_query", d_k), ("W_key", d_k), ("W_value", d_v)):
+        layer = getattr(module, name, None)
+        expect(isinstance(layer, nn.Linear), f"the module needs an attribute {name} that is an nn.Linear; got {type(layer).__name__}")
+        expect(
+            (layer.in_features, layer.out_features) == (d_in, d_out),
+            f"{name} must map d_in={d_in} to {d_out}; got nn.Linear({layer.in_features}, {layer.out_features})",
+        )
+        expect(layer.bias is None, f"{name} must have no bias (bias=False), as in attn_course.SelfAttention")
+    result = call(module, x)
+    expect(isinstance(result, tuple) and len(result) == 2, f"forward must return a pair (context, weights); got {type(result).__name__}")
+    context, weights = (attempted(r) for r in result)
+    what = f"weights for x of shape (B={B}, T={T}, d_in={d_in})"
+    expect_tensor(weights, what=what, shape=(B, T, T))
+    with torch.no_grad():
+        queries, keys, values = module.W_query(x), module.W_key(x), module.W_value(x)  # (B, T, d)
+        _diagnose_weights(weights, queries, keys, d_v, what)
+        expected_context, expected_weights = scaled_dot_product_attention(queries, keys, values)
+    expect_close(weights, expected_weights, what=what)
+    expect_close(context, expected_context, what=f"context for x of shape (B={B}, T={T}, d_in={d_in})")
+    expect(context.requires_grad, "your context does not require grad: compute it from the layers' outputs, without .detach() or torch.no_grad()")
+    context.sum().backward()
+    for name in ("W_query", "W_key", "W_value"):
+        grad = getattr(module, name).weight.grad
+        if grad is None or not bool(grad.abs().sum() > 0):
+            raise Mismatch(f"no gradient reaches {name}.weight: compute the output from the layers' outputs, without .detach() or torch.no_grad()")
+    return f"the module gives contexts of shape (B, T, d_v) = {tuple(context.shape)}, scaled by sqrt(d_k), and trains all three projections."
