@@ -69,8 +69,10 @@ def test_chapter_anatomy(path):
 
 
 def test_package_never_hard_codes_cuda():
-    """Only get_device() names the CUDA device; everything else follows its inputs' device."""
+    """Only get_device() picks the CUDA device; everything else follows its inputs' device
+    (comparing ``device.type`` with a name is fine, moving tensors to a named device is not)."""
+    hard_coded = re.compile(r"""(\.to\(\s*|device\s*=\s*|torch\.device\(\s*)['"]cuda|\.cuda\(\s*\)""")
     for path in (ROOT / "attn_course").rglob("*.py"):
         if path.name == "utils.py":
             continue
-        assert not re.search(r"""['"]cuda(:\d+)?['"]|\.cuda\(""", path.read_text()), f"{path} hard-codes cuda"
+        assert not hard_coded.search(path.read_text()), f"{path} hard-codes a cuda device"
