@@ -10,7 +10,7 @@ from .simple import simple_self_attention  # 02
 from .scaled import SelfAttention, scaled_dot_product_attention  # 03
 from .masks import allowed_to_blocked, blocked_to_additive, causal_mask, combine_masks, padding_mask  # 04
 from .multihead import MultiHeadAttention  # 05
-from .positional import PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding  # 06
+from .positional import LearnedPositionalEmbedding, PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding  # 06
 from .plotting import plot_attention, plot_attention_grid
 from .widgets import explorable
 
@@ -32,6 +32,7 @@ __all__ = [
     "MultiHeadAttention",
     "sinusoidal_positional_encoding",
     "PositionalEncoding",
+    "LearnedPositionalEmbedding",
     "TokenEmbedding",
     "plot_attention",
     "plot_attention_grid",

@@ -7,9 +7,9 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, check_probability, check_tensor
+from ._checks import check_positive_int, check_probability, check_tensor, describe
 
-__all__ = ["sinusoidal_positional_encoding", "PositionalEncoding", "TokenEmbedding"]
+__all__ = ["sinusoidal_positional_encoding", "PositionalEncoding", "LearnedPositionalEmbedding", "TokenEmbedding"]
 
 
 def sinusoidal_positional_encoding(max_len: int, d_model: int, *, device=None, dtype=None) -> torch.Tensor:
@@ -53,7 +53,8 @@ class PositionalEncoding(nn.Module):
 
     Shape:
         - x: ``(B, T, E)`` (any leading dimensions work), with ``start + T <= max_len``
-        - output: same as x, on x's device and in x's dtype.
+        - output: same as x, on x's device and in x's dtype (a float64 x gets a float64-exact
+          encoding even when the stored table is float32).
     """
 
     def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0) -> None:
@@ -81,15 +82,76 @@ class PositionalEncoding(nn.Module):
                 f"positions up to {start + T} were asked for but max_len={self.max_len}; "
                 f"build PositionalEncoding with a larger max_len"
             )
-        pe = self.pe[start : start + T].to(device=x.device, dtype=x.dtype)  # (T, E)
+        if torch.finfo(x.dtype).bits > torch.finfo(self.pe.dtype).bits:  # e.g. float64 x, float32 table
+            pe = sinusoidal_positional_encoding(start + T, self.d_model, device=x.device, dtype=x.dtype)[start:]  # (T, E)
+        else:
+            pe = self.pe[start : start + T].to(device=x.device, dtype=x.dtype)  # (T, E)
         return self.dropout(x + pe)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Add a trained vector per position (as in BERT and GPT-2), then apply dropout.
+
+    The alternative to :class:`PositionalEncoding`: a table of ``max_len`` vectors learned with the
+    rest of the model. It can fit whatever the task needs, but it knows nothing about a position it
+    has not been trained on, and nothing at all beyond ``max_len`` (asking for it raises).
+
+    Args:
+        max_len: number of positions in the table (the longest sequence it accepts).
+        d_model: width ``E`` of the embeddings.
+        dropout: dropout probability after the addition.
+        init_std: standard deviation of the initial table (0.02, as GPT-2 and BERT).
+
+    Shape:
+        - x: ``(B, T, E)`` (any leading dimensions work), with ``start + T <= max_len``
+        - output: same as x, in x's dtype; the table must be on x's device (it is trained, so it
+          is not copied silently).
+    """
+
+    def __init__(self, max_len: int, d_model: int, dropout: float = 0.0, init_std: float = 0.02) -> None:
+        super().__init__()
+        check_positive_int("max_len", max_len)
+        check_positive_int("d_model", d_model)
+        check_probability("dropout", dropout)
+        if isinstance(init_std, bool) or not isinstance(init_std, (int, float)):
+            raise TypeError(f"init_std must be a float, got {describe(init_std)}")
+        if not init_std > 0:
+            raise ValueError(f"init_std must be positive, got {init_std}")
+        self.max_len, self.d_model = max_len, d_model
+        self.embedding = nn.Embedding(max_len, d_model)  # one row per position
+        nn.init.normal_(self.embedding.weight, mean=0.0, std=float(init_std))
+        self.dropout = nn.Dropout(dropout)
+
+    def extra_repr(self) -> str:
+        return f"max_len={self.max_len}, d_model={self.d_model}"
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Add the vectors of positions ``start .. start+T-1``."""
+        check_tensor("x", x, min_dim=2, floating=True)
+        check_positive_int("start", start, allow_zero=True)
+        T = x.size(-2)
+        if x.size(-1) != self.d_model:
+            raise ValueError(f"x must have last dimension d_model={self.d_model}, got shape {tuple(x.shape)}")
+        if start + T > self.max_len:
+            raise ValueError(
+                f"positions up to {start + T} were asked for but max_len={self.max_len}; a learned table "
+                f"has no vector beyond its last row (build it with a larger max_len, and train on such lengths)"
+            )
+        weight = self.embedding.weight
+        if x.device != weight.device:
+            raise ValueError(f"x is on {x.device} but the position table is on {weight.device}; call module.to(x.device)")
+        positions = torch.arange(start, start + T, device=weight.device)  # (T,)
+        return self.dropout(x + self.embedding(positions).to(x.dtype))  # (..., T, E) + (T, E)
 
 
 class TokenEmbedding(nn.Module):
     """Token ids to vectors, scaled by ``sqrt(d_model)`` as in Vaswani et al. (2017).
 
-    The scaling makes the embeddings' size comparable to the positional encoding's (whose entries
-    lie in [-1, 1]) when the embedding weights start small.
+    The weights start as ``N(0, 1/d_model)``, the size of a ``d_model``-wide linear layer's weights
+    (Vaswani et al. share this matrix with the output layer), so a raw embedding has norm about 1.
+    The scaling by ``sqrt(d_model)`` gives entries of size about 1 and norm about ``sqrt(d_model)``,
+    comparable to the sinusoidal encoding's norm ``sqrt(d_model / 2)``: neither the token nor its
+    position drowns the other when the two are added.
 
     Args:
         vocab_size: number of distinct tokens.
@@ -111,6 +173,13 @@ class TokenEmbedding(nn.Module):
                 raise ValueError(f"padding_idx must be below vocab_size={vocab_size}, got {padding_idx}")
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+        with torch.no_grad():
+            self.embedding.weight.normal_(0.0, d_model**-0.5)
+            if padding_idx is not None:
+                self.embedding.weight[padding_idx].zero_()
+
+    def extra_repr(self) -> str:
+        return f"scale=sqrt({self.d_model})"
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         check_tensor("tokens", tokens)
