@@ -1,7 +1,14 @@
 # attn-course: two commands on a fresh machine.
 #   make book   builds the website (executing every chapter) into _build/html
-#   make test   runs every test: the package against PyTorch, then every chapter with nbval
+#   make test   runs every test in ONE pytest run: the package against PyTorch, every chapter with
+#               nbval, the website in a real browser, a chapter on a simulated Colab, the student
+#               versions. The browser test builds its own copy of the site into _build/site-test
+#               from the committed, executed notebooks WITHOUT executing them again
+#               (ATTN_COURSE_EXECUTE=off), since nbval already runs every chapter in the same run;
+#               `make test-site` runs it against the _build/html that `make book` built instead.
 # Both create .venv and install requirements.txt into it the first time (and again when it changes).
+# The website serves MathJax and the ipywidgets scripts itself: `make vendor` (run by `make book`)
+# fetches them from npm into _vendor/ (falling back to public CDNs, with a message, without npm).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,14 +16,18 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-package test-chapters book student clean sync execute
+.PHONY: help setup test test-package test-chapters test-site book vendor student student-check clean distclean sync execute
 
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
-	@echo "make test    run the package tests and every chapter under nbval"
+	@echo "make test    run every test: package, chapters (nbval), website in chromium, Colab simulation, student versions"
+	@echo "make student write _build/student/ (chapters without solutions) and _build/solutions/ (+ zips) for instructors"
+	@echo "make student-check   make student, then run every student notebook top to bottom"
+	@echo "make test-site       browser test of the site that \`make book\` built (_build/html)"
+	@echo "make vendor  fetch MathJax and the ipywidgets scripts from npm into _vendor/ (make book does it)"
 	@echo "make sync    rewrite each chapter's first cell from _config.yml (after changing the repository URL)"
 	@echo "make execute CHAPTER=chapters/02_simple_self_attention.ipynb   re-execute one chapter in place"
-	@echo "make clean   remove _build (keeps .venv)"
+	@echo "make clean   remove _build (keeps .venv and _vendor); make distclean removes those too"
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,9 +49,22 @@ test-package: setup
 test-chapters: setup
 	$(PY) -m pytest chapters --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
 
-book: setup
+vendor: setup
+	@# Exit status 3 means "no registry reachable: the site will use the CDNs"; the build goes on.
+	$(PY) tools/vendor_assets.py || test $$? -eq 3
+
+book: vendor
 	$(VENV)/bin/jupyter-book build . -W --keep-going
-	@echo "The website is in _build/html (open _build/html/index.html)."
+	@echo "The website is in _build/html (open _build/html/index.html, or serve it: python -m http.server -d _build/html)."
+
+test-site: setup
+	ATTN_COURSE_SITE=_build/html $(PY) -m pytest tests/test_site.py -p no:cacheprovider $(PYTEST_ARGS)
+
+student: setup
+	$(PY) tools/make_student.py
+
+student-check: setup
+	$(PY) tools/make_student.py --check
 
 sync: setup
 	$(PY) tools/sync_setup_cells.py
@@ -50,3 +74,6 @@ execute: setup
 
 clean:
 	rm -rf _build
+
+distclean: clean
+	rm -rf _vendor $(VENV)
