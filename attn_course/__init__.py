@@ -6,11 +6,16 @@ One module per mechanism, in the order of the course's chapters. Shapes follow P
 
 from .utils import get_device, set_seed
 from .alignment import AdditiveAttention, DotProductAttention  # 01
+from .rnn import DIGIT_BOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, AttentionDecoder, GRUEncoder, Seq2Seq, digit_task, shift_right  # 01
+from .training import History, fit
 from .simple import simple_self_attention  # 02
 from .scaled import SelfAttention, scaled_dot_product_attention  # 03
 from .masks import allowed_to_blocked, blocked_to_additive, causal_mask, combine_masks, padding_mask  # 04
 from .multihead import MultiHeadAttention  # 05
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding  # 06
+from .transformer import DecoderLayer, EncoderLayer, FeedForward, Transformer, TransformerConfig  # 07
+from .efficient import online_softmax, tiled_attention  # 08
+from .kv_cache import DecoderOnlyLM, KVCache, cached_self_attention, generate  # 08
 from .plotting import plot_attention, plot_attention_grid
 from .widgets import explorable
 
@@ -21,6 +26,16 @@ __all__ = [
     "set_seed",
     "AdditiveAttention",
     "DotProductAttention",
+    "GRUEncoder",
+    "AttentionDecoder",
+    "Seq2Seq",
+    "digit_task",
+    "shift_right",
+    "DIGIT_PAD",
+    "DIGIT_BOS",
+    "DIGIT_VOCAB_SIZE",
+    "fit",
+    "History",
     "simple_self_attention",
     "SelfAttention",
     "scaled_dot_product_attention",
@@ -34,6 +49,17 @@ __all__ = [
     "PositionalEncoding",
     "LearnedPositionalEmbedding",
     "TokenEmbedding",
+    "FeedForward",
+    "EncoderLayer",
+    "DecoderLayer",
+    "TransformerConfig",
+    "Transformer",
+    "online_softmax",
+    "tiled_attention",
+    "KVCache",
+    "cached_self_attention",
+    "DecoderOnlyLM",
+    "generate",
     "plot_attention",
     "plot_attention_grid",
     "explorable",

@@ -1,0 +1,487 @@
+"""Chapter 08: a benchmark of multi-head attention implementations, forward and backward.
+
+Run it from a shell::
+
+    python -m attn_course.bench                          # batch 8, length 512, width 512, 8 heads, causal
+    python -m attn_course.bench --length 256 512 1024 --csv times.csv --markdown times.md
+    python -m attn_course.bench --device cpu --dtype bfloat16 --repeats 10
+
+or from Python with :func:`benchmark`. Every implementation computes the same function (the same
+weights, copied from one ``nn.MultiheadAttention``; :func:`benchmark` checks that their outputs
+agree before timing), except ``F.scaled_dot_product_attention``, which is the attention step alone,
+without the four projections, to show how much of the time the projections take.
+
+The implementations are timed in turns (one step of each, then the next round), so that a change
+in the machine's load affects all of them alike; the table reports the median over the rounds and
+the ratio to ``nn.MultiheadAttention`` measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_bool, check_positive_int, describe
+from .multihead import MultiHeadAttention
+from .scaled import SelfAttention
+from .utils import get_device
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "BASELINE",
+    "BenchResult",
+    "PerHeadLoop",
+    "benchmark",
+    "time_forward_backward",
+    "peak_memory_bytes",
+    "synchronize",
+    "to_markdown",
+    "to_csv",
+    "main",
+]
+
+BASELINE = "nn.MultiheadAttention"
+
+
+class PerHeadLoop(nn.Module):
+    """Multi-head attention the slow way: ``H`` separate :class:`SelfAttention` heads in a Python loop.
+
+    Args:
+        embed_dim: model width ``E``.
+        num_heads: number of heads ``H``; each has width ``D = E / H``.
+
+    Shape:
+        - x: ``(B, T, E)`` -> output: ``(B, T, E)``
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        check_positive_int("embed_dim", embed_dim)
+        check_positive_int("num_heads", num_heads)
+        if embed_dim % num_heads:
+            raise ValueError(f"num_heads must divide embed_dim, got embed_dim={embed_dim} and num_heads={num_heads}")
+        head_dim = embed_dim // num_heads
+        self.heads = nn.ModuleList(SelfAttention(embed_dim, head_dim, qkv_bias=True) for _ in range(num_heads))
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    @classmethod
+    def from_multihead(cls, module: MultiHeadAttention) -> "PerHeadLoop":
+        """Copy the weights of an :class:`attn_course.MultiHeadAttention` (with biases), head by head."""
+        E, H, D = module.embed_dim, module.num_heads, module.head_dim
+        loop = cls(E, H).to(device=module.q_proj.weight.device, dtype=module.q_proj.weight.dtype)
+        with torch.no_grad():
+            for h, head in enumerate(loop.heads):
+                rows = slice(h * D, (h + 1) * D)  # head h owns rows h*D .. (h+1)*D of each projection
+                for ours, theirs in ((head.W_query, module.q_proj), (head.W_key, module.k_proj), (head.W_value, module.v_proj)):
+                    ours.weight.copy_(theirs.weight[rows])  # (D, E)
+                    ours.bias.copy_(theirs.bias[rows])  # (D,)
+            loop.out_proj.load_state_dict(module.out_proj.state_dict())
+        return loop
+
+    def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        contexts = [head(x, is_causal=is_causal)[0] for head in self.heads]  # H tensors (B, T, D)
+        return self.out_proj(torch.cat(contexts, dim=-1))  # (B, T, H * D) -> (B, T, E)
+
+
+# Each entry builds a step function ``step(x, is_causal) -> output`` from a reference
+# nn.MultiheadAttention (whose weights it copies). The order is the order of the table.
+def _build_per_head_loop(mha: nn.MultiheadAttention):
+    loop = PerHeadLoop.from_multihead(MultiHeadAttention.from_torch(mha))
+    return lambda x, is_causal: loop(x, is_causal=is_causal), list(loop.parameters())
+
+
+def _build_ours(backend: str):
+    def build(mha: nn.MultiheadAttention):
+        ours = MultiHeadAttention.from_torch(mha, backend=backend)
+        return lambda x, is_causal: ours(x, x, x, is_causal=is_causal, need_weights=False)[0], list(ours.parameters())
+
+    return build
+
+
+def _build_torch(mha: nn.MultiheadAttention):
+    causal_blocked = {}  # length -> (L, L) bool mask, True = blocked (nn.MultiheadAttention's convention)
+
+    def step(x, is_causal):
+        if not is_causal:
+            return mha(x, x, x, need_weights=False)[0]
+        L = x.size(1)
+        if L not in causal_blocked:
+            causal_blocked[L] = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)  # (L, L)
+        # As a user would call it for causal self-attention: the mask, plus is_causal=True as a hint.
+        return mha(x, x, x, attn_mask=causal_blocked[L], is_causal=True, need_weights=False)[0]
+
+    return step, list(mha.parameters())
+
+
+def _build_sdpa_only(mha: nn.MultiheadAttention):
+    H = mha.num_heads
+    cache = {}
+
+    def step(x, is_causal):
+        B, L, E = x.shape
+        if x.shape not in cache:  # three (B, H, L, D) leaf tensors, made once per shape
+            g = torch.Generator(device=x.device).manual_seed(0)
+            cache[x.shape] = [
+                torch.randn(B, H, L, E // H, generator=g, device=x.device, dtype=x.dtype).requires_grad_() for _ in range(3)
+            ]
+        q, k, v = cache[x.shape]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)  # (B, H, L, D)
+        return out.transpose(1, 2).reshape(B, L, E)  # (B, H, L, D) -> (B, L, E)
+
+    return step, []
+
+
+IMPLEMENTATIONS: dict[str, Callable] = {
+    "per-head loop (H x SelfAttention)": _build_per_head_loop,
+    "MultiHeadAttention(backend='reference')": _build_ours("reference"),
+    "MultiHeadAttention(backend='sdpa')": _build_ours("sdpa"),
+    BASELINE: _build_torch,
+    "F.scaled_dot_product_attention (no projections)": _build_sdpa_only,
+}
+
+
+@dataclass
+class BenchResult:
+    """One row of the benchmark table. Times are in milliseconds, memory in MiB."""
+
+    implementation: str
+    batch_size: int
+    length: int
+    embed_dim: int
+    num_heads: int
+    causal: bool
+    device: str
+    dtype: str
+    median_ms: float
+    min_ms: float
+    repeats: int
+    ratio_to_baseline: float = math.nan
+    peak_memory_mib: float | None = None
+    times_ms: list = field(default_factory=list, repr=False)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device to finish its queued work (a no-op on the CPU), so that timings are real."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _one_step(step: Callable, x: torch.Tensor, is_causal: bool, grad_output: torch.Tensor | None) -> torch.Tensor:
+    output = step(x, is_causal)  # (B, L, E)
+    output.backward(torch.ones_like(output) if grad_output is None else grad_output)
+    return output
+
+
+def _clear_grads(x: torch.Tensor, params) -> None:
+    x.grad = None
+    for p in params:
+        p.grad = None
+
+
+def time_forward_backward(
+    step: Callable, x: torch.Tensor, *, is_causal: bool = True, warmup: int = 2, repeats: int = 5, params=()
+) -> list[float]:
+    """Time ``repeats`` forward+backward passes of ``step(x, is_causal)``, after ``warmup`` untimed ones.
+
+    Args:
+        step: a function of ``(x, is_causal)`` that returns a tensor depending on ``x`` (or on parameters).
+        x: the input, with ``requires_grad=True``.
+        is_causal: passed on to ``step``.
+        warmup: untimed passes first (memory allocation, kernel selection).
+        repeats: timed passes.
+        params: parameters whose ``.grad`` is cleared (untimed) before every pass.
+
+    Returns:
+        The wall-clock time of each timed pass, in seconds (the device is synchronised around each).
+    """
+    check_positive_int("warmup", warmup, allow_zero=True)
+    check_positive_int("repeats", repeats)
+    grad_output = None
+    times = []
+    for i in range(warmup + repeats):
+        _clear_grads(x, params)
+        synchronize(x.device)
+        start = time.perf_counter()
+        output = _one_step(step, x, is_causal, grad_output)
+        synchronize(x.device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        del output
+    return times
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Some torch builds print a line to the C-level stderr whenever the profiler starts; hide it."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, io.UnsupportedOperation):  # no real file descriptor (some notebook frontends)
+        yield
+        return
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Peak memory that ``fn()`` allocates on ``device`` beyond what was allocated before it ran.
+
+    On CUDA this is exact (``torch.cuda.max_memory_allocated``). On the CPU it is reconstructed
+    from ``torch.profiler``'s memory records: every allocation and release, in the order the
+    operators started (close to exact; a temporary allocated and freed inside one operator is not
+    seen). Elsewhere (MPS) it returns None.
+
+    Args:
+        fn: the work to measure, for example a forward and backward pass.
+        device: where ``fn`` allocates its tensors.
+
+    Returns:
+        Bytes, or None when the device offers no way to measure.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    if device.type != "cpu":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    current = peak = 0
+    for event in events:  # each event's own allocations (+) and releases (-), children counted on their own
+        current += event.self_cpu_memory_usage
+        peak = max(peak, current)
+    return peak
+
+
+def _check_agreement(outputs: dict[str, torch.Tensor]) -> None:
+    names = [n for n in outputs if n in IMPLEMENTATIONS and IMPLEMENTATIONS[n] is not _build_sdpa_only]
+    if BASELINE not in outputs:
+        return
+    reference = outputs[BASELINE].detach().double()
+    tolerance = 1e-3 if outputs[BASELINE].dtype == torch.float32 else 5e-2
+    for name in names:
+        difference = (outputs[name].detach().double() - reference).abs().max().item()
+        if not difference <= tolerance * max(1.0, reference.abs().max().item()):
+            raise RuntimeError(f"{name} disagrees with {BASELINE}: largest difference {difference:.3g}")
+
+
+def benchmark(
+    batch_size: int = 8,
+    length: int = 512,
+    embed_dim: int = 512,
+    num_heads: int = 8,
+    *,
+    causal: bool = True,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    warmup: int = 2,
+    repeats: int = 5,
+    implementations: list[str] | None = None,
+    measure_memory: bool = False,
+    seed: int = 0,
+) -> list[BenchResult]:
+    """Time forward+backward of each implementation of multi-head self-attention on one input.
+
+    Args:
+        batch_size: ``B``.
+        length: sequence length ``L`` (queries and keys: self-attention).
+        embed_dim: model width ``E``.
+        num_heads: heads ``H``.
+        causal: causal self-attention (as in a decoder) or unmasked.
+        device: where to run (default :func:`attn_course.get_device`).
+        dtype: floating-point dtype of weights and input.
+        warmup: untimed rounds first.
+        repeats: timed rounds; the median is reported.
+        implementations: names from :data:`IMPLEMENTATIONS` (default: all; the baseline
+            ``nn.MultiheadAttention`` is always included, for the ratios).
+        measure_memory: also measure the peak memory of one pass (see :func:`peak_memory_bytes`).
+        seed: seed for the weights and the input.
+
+    Returns:
+        One :class:`BenchResult` per implementation, in the order of :data:`IMPLEMENTATIONS`.
+    """
+    for name, value in (("batch_size", batch_size), ("length", length), ("embed_dim", embed_dim), ("num_heads", num_heads)):
+        check_positive_int(name, value)
+    check_bool("causal", causal)
+    check_bool("measure_memory", measure_memory)
+    check_positive_int("warmup", warmup, allow_zero=True)
+    check_positive_int("repeats", repeats)
+    if embed_dim % num_heads:
+        raise ValueError(f"num_heads must divide embed_dim, got embed_dim={embed_dim} and num_heads={num_heads}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {describe(dtype)}")
+    names = list(IMPLEMENTATIONS) if implementations is None else list(implementations)
+    unknown = [n for n in names if n not in IMPLEMENTATIONS]
+    if unknown:
+        raise ValueError(f"implementations must be names from IMPLEMENTATIONS {list(IMPLEMENTATIONS)}, got {unknown}")
+    if BASELINE not in names:
+        names.append(BASELINE)
+    names = [n for n in IMPLEMENTATIONS if n in names]
+    device = get_device() if device is None else torch.device(device)
+
+    torch.manual_seed(seed)
+    mha = nn.MultiheadAttention(embed_dim, num_heads, batch_first=True).to(device=device, dtype=dtype)
+    steps = {name: IMPLEMENTATIONS[name](mha) for name in names}
+    x = torch.randn(batch_size, length, embed_dim, device=device, dtype=dtype, requires_grad=True)
+
+    with torch.no_grad():
+        _check_agreement({name: step(x, causal) for name, (step, _) in steps.items()})
+
+    for _ in range(warmup):
+        for name, (step, params) in steps.items():
+            time_forward_backward(step, x, is_causal=causal, warmup=0, repeats=1, params=params)
+    times = {name: [] for name in names}
+    for _ in range(repeats):  # round-robin, so that load changes hit every implementation alike
+        for name, (step, params) in steps.items():
+            times[name] += time_forward_backward(step, x, is_causal=causal, warmup=0, repeats=1, params=params)
+
+    results = []
+    for name in names:
+        ms = [1000.0 * t for t in times[name]]
+        memory = None
+        if measure_memory:
+            step, params = steps[name]
+            _clear_grads(x, params)
+            peak = peak_memory_bytes(lambda: _one_step(step, x, causal, None), device)
+            memory = None if peak is None else peak / 2**20
+        results.append(BenchResult(
+            implementation=name, batch_size=batch_size, length=length, embed_dim=embed_dim, num_heads=num_heads,
+            causal=causal, device=str(device), dtype=str(dtype).replace("torch.", ""),
+            median_ms=statistics.median(ms), min_ms=min(ms), repeats=repeats, peak_memory_mib=memory, times_ms=ms,
+        ))
+    baseline = next(r.median_ms for r in results if r.implementation == BASELINE)
+    for r in results:
+        r.ratio_to_baseline = r.median_ms / baseline
+    return results
+
+
+_COLUMNS = ["implementation", "batch_size", "length", "embed_dim", "num_heads", "causal", "device", "dtype",
+            "median_ms", "min_ms", "repeats", "ratio_to_baseline", "peak_memory_mib"]
+
+
+def to_markdown(results: list[BenchResult]) -> str:
+    """The results as a markdown table: one row per implementation and length."""
+    with_memory = any(r.peak_memory_mib is not None for r in results)
+    header = ["implementation", "B", "L", "E", "H", "median fwd+bwd (ms)", f"ratio to {BASELINE}"]
+    if with_memory:
+        header.append("peak memory (MiB)")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|"]
+    for r in results:
+        cells = [f"`{r.implementation}`", str(r.batch_size), str(r.length), str(r.embed_dim), str(r.num_heads),
+                 f"{r.median_ms:.1f}", f"{r.ratio_to_baseline:.2f}"]
+        if with_memory:
+            cells.append("n/a" if r.peak_memory_mib is None else f"{r.peak_memory_mib:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(results: list[BenchResult]) -> str:
+    """The results as CSV text with a header row (times in ms, memory in MiB)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for r in results:
+        row = {k: v for k, v in asdict(r).items() if k in _COLUMNS}
+        row["median_ms"], row["min_ms"] = f"{r.median_ms:.3f}", f"{r.min_ms:.3f}"
+        row["ratio_to_baseline"] = f"{r.ratio_to_baseline:.4f}"
+        row["peak_memory_mib"] = "" if r.peak_memory_mib is None else f"{r.peak_memory_mib:.1f}"
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def _environment(device: torch.device) -> str:
+    parts = [f"torch {torch.__version__}", f"device {device}"]
+    if device.type == "cuda":
+        parts.append(torch.cuda.get_device_name(device))
+    else:
+        parts.append(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    if hasattr(os, "getloadavg"):
+        parts.append("load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    return ", ".join(parts)
+
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m attn_course.bench",
+        description="Time forward+backward of multi-head self-attention implementations; ratios are to "
+        "nn.MultiheadAttention measured in the same run.",
+    )
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: CUDA, then MPS, then CPU)")
+    parser.add_argument("--dtype", default="float32", choices=list(_DTYPES))
+    parser.add_argument("--batch", type=int, default=8, help="batch size B (default 8)")
+    parser.add_argument("--length", type=int, nargs="+", default=[512], help="sequence length(s) L (default 512)")
+    parser.add_argument("--embed-dim", type=int, default=512, help="model width E (default 512)")
+    parser.add_argument("--heads", type=int, default=8, help="number of heads H (default 8)")
+    parser.add_argument("--no-causal", dest="causal", action="store_false", help="unmasked instead of causal self-attention")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds; the median is reported (default 7)")
+    parser.add_argument("--memory", action="store_true", help="also measure peak memory of one pass")
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=list(IMPLEMENTATIONS),
+                        help="run only these implementations (nn.MultiheadAttention is always run)")
+    parser.add_argument("--csv", metavar="FILE", help="also write the table as CSV to FILE ('-' for stdout)")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the markdown table to FILE ('-' for stdout)")
+    return parser
+
+
+def _write(target: str, text: str) -> None:
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: run the benchmark and print a markdown table."""
+    args = _parser().parse_args(argv)
+    device = get_device() if args.device is None else torch.device(args.device)
+    results = []
+    for length in args.length:
+        results += benchmark(
+            args.batch, length, args.embed_dim, args.heads, causal=args.causal, device=device,
+            dtype=_DTYPES[args.dtype], warmup=args.warmup, repeats=args.repeats, implementations=args.only,
+            measure_memory=args.memory,
+        )
+    kind = "causal" if args.causal else "unmasked"
+    print(f"{kind} self-attention, forward+backward, {args.dtype}; median of {args.repeats} rounds; {_environment(device)}")
+    print(to_markdown(results))
+    if args.csv:
+        _write(args.csv, to_csv(results))
+    if args.markdown:
+        _write(args.markdown, to_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

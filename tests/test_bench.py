@@ -1,0 +1,144 @@
+"""The benchmark: every implementation computes the same thing; the table and the command line work."""
+
+import csv
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import attn_course as ac
+from attn_course import bench
+from attn_course.bench import BASELINE, IMPLEMENTATIONS, PerHeadLoop, benchmark, peak_memory_bytes, to_csv, to_markdown
+
+SMALL = dict(batch_size=2, length=16, embed_dim=16, num_heads=4, warmup=1, repeats=2)
+
+
+def test_per_head_loop_equals_multihead_attention(device):
+    torch.manual_seed(0)
+    mha = ac.MultiHeadAttention(12, 3).to(device=device, dtype=torch.float64)
+    loop = PerHeadLoop.from_multihead(mha)
+    x = torch.randn(2, 5, 12, dtype=torch.float64, device=device)
+    for is_causal in (False, True):
+        expected, _ = mha(x, x, x, is_causal=is_causal)
+        torch.testing.assert_close(loop(x, is_causal=is_causal), expected)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_implementation_computes_the_same_output(causal, device):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).to(device=device, dtype=torch.float64)
+    x = torch.randn(2, 7, 16, dtype=torch.float64, device=device)
+    expected = IMPLEMENTATIONS[BASELINE](mha)[0](x, causal)
+    for name, build in IMPLEMENTATIONS.items():
+        step, params = build(mha)
+        output = step(x, causal)
+        assert output.shape == (2, 7, 16), name
+        if "no projections" not in name:
+            torch.testing.assert_close(output, expected, msg=name)
+        output.sum().backward()  # every implementation can be differentiated
+
+
+def test_benchmark_rows_and_ratios(device):
+    results = benchmark(**SMALL, device=device)
+    assert [r.implementation for r in results] == list(IMPLEMENTATIONS)
+    baseline = next(r for r in results if r.implementation == BASELINE)
+    assert baseline.ratio_to_baseline == 1.0
+    for r in results:
+        assert r.median_ms > 0 and r.min_ms <= r.median_ms and len(r.times_ms) == 2
+        assert r.ratio_to_baseline == pytest.approx(r.median_ms / baseline.median_ms)
+        assert (r.length, r.batch_size, r.device) == (16, 2, str(device))
+
+
+def test_benchmark_subset_always_includes_the_baseline():
+    results = benchmark(**SMALL, device="cpu", implementations=["MultiHeadAttention(backend='sdpa')"])
+    assert [r.implementation for r in results] == ["MultiHeadAttention(backend='sdpa')", BASELINE]
+
+
+def test_benchmark_measures_memory_on_cpu():
+    results = benchmark(**SMALL, device="cpu", measure_memory=True, implementations=["MultiHeadAttention(backend='reference')"])
+    assert all(r.peak_memory_mib is not None and r.peak_memory_mib > 0 for r in results)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, text",
+    [
+        (dict(implementations=["flash"]), ValueError, "IMPLEMENTATIONS"),
+        (dict(embed_dim=10), ValueError, "num_heads must divide"),
+        (dict(length=0), ValueError, "length"),
+        (dict(repeats=0), ValueError, "repeats"),
+        (dict(dtype=torch.long), TypeError, "dtype"),
+        (dict(causal="yes"), TypeError, "causal"),
+    ],
+)
+def test_benchmark_rejects_bad_arguments(kwargs, error, text):
+    with pytest.raises(error, match=text):
+        benchmark(**{**SMALL, **kwargs})
+
+
+def test_peak_memory_sees_an_allocation_and_the_quadratic_weights():
+    assert peak_memory_bytes(lambda: torch.ones(2**20), "cpu") >= 4 * 2**20
+    q = torch.randn(1, 2, 512, 16)
+    with torch.no_grad():
+        explicit = peak_memory_bytes(lambda: ac.scaled_dot_product_attention(q, q, q), "cpu")
+        fused = peak_memory_bytes(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q), "cpu")
+    weights_bytes = 2 * 512 * 512 * 4
+    assert explicit >= weights_bytes > fused
+    assert peak_memory_bytes(lambda: None, "meta") is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_peak_memory_on_cuda():
+    assert peak_memory_bytes(lambda: torch.ones(2**20, device="cuda"), "cuda") >= 4 * 2**20
+
+
+def _rows():
+    results = benchmark(**SMALL, device="cpu", implementations=["per-head loop (H x SelfAttention)"])
+    results[0].peak_memory_mib = 1.5
+    return results
+
+
+def test_markdown_table():
+    text = to_markdown(_rows())
+    lines = text.strip().splitlines()
+    assert lines[0].startswith("| implementation |") and f"ratio to {BASELINE}" in lines[0] and "peak memory (MiB)" in lines[0]
+    assert len(lines) == 4 and all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "| 1.00 |" in lines[-1] and lines[-1].endswith("| n/a |")
+
+
+def test_csv_table():
+    rows = list(csv.DictReader(io.StringIO(to_csv(_rows()))))
+    assert [r["implementation"] for r in rows] == ["per-head loop (H x SelfAttention)", BASELINE]
+    assert float(rows[1]["ratio_to_baseline"]) == 1.0
+    assert rows[0]["peak_memory_mib"] == "1.5" and rows[1]["peak_memory_mib"] == ""
+    assert float(rows[0]["median_ms"]) > 0 and rows[0]["length"] == "16"
+
+
+def test_main_writes_csv_and_markdown(tmp_path, capsys):
+    csv_path, md_path = tmp_path / "t.csv", tmp_path / "t.md"
+    code = bench.main(["--device", "cpu", "--batch", "1", "--length", "8", "16", "--embed-dim", "8", "--heads", "2",
+                       "--repeats", "2", "--warmup", "0", "--csv", str(csv_path), "--markdown", str(md_path)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "causal self-attention, forward+backward" in printed and "load average" in printed
+    rows = list(csv.DictReader(csv_path.open()))
+    assert len(rows) == 2 * len(IMPLEMENTATIONS) and {r["length"] for r in rows} == {"8", "16"}
+    assert md_path.read_text().startswith("| implementation |")
+
+
+def test_module_runs_from_the_command_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "attn_course.bench", "--device", "cpu", "--batch", "1", "--length", "8", "--embed-dim", "8",
+         "--heads", "2", "--repeats", "1", "--warmup", "0", "--no-causal", "--csv", "-"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "unmasked self-attention" in result.stdout and "implementation,batch_size" in result.stdout
+
+
+def test_main_rejects_unknown_implementations(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--only", "flash"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
