@@ -10,6 +10,15 @@ from attn_course.rnn import DIGIT_BOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, GRUEncoder, 
 KINDS = ["none", "additive", "dot"]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These tensors are tiny: on a busy 2-core machine extra threads only wait for each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _model(kind, bidirectional=False, seed=0, hidden_dim=12):
     torch.manual_seed(seed)
     return Seq2Seq(DIGIT_VOCAB_SIZE, embed_dim=5, hidden_dim=hidden_dim, attention=kind, bidirectional=bidirectional)
