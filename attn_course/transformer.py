@@ -246,7 +246,7 @@ class TransformerConfig:
 
     src_vocab_size: int
     tgt_vocab_size: int
-    d_model: int = 128
+    d_model: int = 64
     num_heads: int = 4
     num_encoder_layers: int = 2
     num_decoder_layers: int = 2

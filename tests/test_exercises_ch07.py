@@ -1,0 +1,195 @@
+"""Every chapter 07 check with a right answer, wrong answers (the message says what is wrong), a
+crashing answer (an "error" feedback, no traceback) and the untouched scaffold ("not attempted")."""
+
+import pytest
+import torch
+
+from attn_course.exercises.ch07 import check_decoder_mask, check_french_noun_phrase, check_sample_next
+from attn_course.translator import french_noun_phrase
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def scaffold(*args):
+    ...
+
+
+def crashing(*args):
+    raise RuntimeError("boom")
+
+
+# --------------------------------------------------------------------------- exercise 1
+
+def noun_phrase_right(article, adjective, noun, gender):
+    words = [noun]
+    if adjective is not None:
+        form = adjective[0] if gender == "m" else adjective[1]
+        words = [form, noun] if adjective[2] == "before" else [noun, form]
+    if article == "a":
+        return " ".join(["un" if gender == "m" else "une"] + words)
+    if words[0][0] in "aeiouéèêîôh":
+        return "l'" + " ".join(words)
+    return " ".join(["le" if gender == "m" else "la"] + words)
+
+
+def noun_phrase_no_elision(article, adjective, noun, gender):
+    return french_noun_phrase(article, adjective, "x" + noun, gender).replace("x", "", 1) if article == "the" and adjective is None and noun[0] in "aeiouéîh" else french_noun_phrase(article, adjective, noun, gender)
+
+
+def noun_phrase_always_after(article, adjective, noun, gender):
+    if adjective is not None:
+        adjective = (adjective[0], adjective[1], "after")
+    return french_noun_phrase(article, adjective, noun, gender)
+
+
+def noun_phrase_no_agreement(article, adjective, noun, gender):
+    if adjective is not None:
+        adjective = (adjective[0], adjective[0], adjective[2])
+    return french_noun_phrase(article, adjective, noun, gender)
+
+
+def noun_phrase_elides_through_adjective(article, adjective, noun, gender):
+    text = french_noun_phrase(article, adjective, noun, gender)
+    if article == "the" and noun[0] in "aeiouéîh" and adjective is not None and adjective[2] == "before":
+        return "l'" + text.split(" ", 1)[1]
+    return text
+
+
+def noun_phrase_space_after_l(article, adjective, noun, gender):
+    return french_noun_phrase(article, adjective, noun, gender).replace("l'", "l' ")
+
+
+def noun_phrase_only_known_vowels(article, adjective, noun, gender):
+    """Elides before plain vowels only: fails on the new noun 'île'."""
+    text = french_noun_phrase(article, adjective, noun, gender)
+    if text.startswith("l'î"):
+        return "la " + text[2:]
+    return text
+
+
+def test_noun_phrase_right():
+    feedback = check_french_noun_phrase(noun_phrase_right)
+    assert feedback and feedback.status == "correct", str(feedback)
+    assert "new nouns" in feedback.message
+
+
+@pytest.mark.parametrize(
+    "answer,words",
+    [
+        (noun_phrase_always_after, "pre-nominal"),
+        (noun_phrase_no_agreement, "feminine"),
+        (noun_phrase_no_elision, "elision"),
+        (noun_phrase_elides_through_adjective, "no elision"),
+        (noun_phrase_space_after_l, "elision"),
+        (noun_phrase_only_known_vowels, "île"),
+    ],
+)
+def test_noun_phrase_wrong(answer, words):
+    feedback = check_french_noun_phrase(answer)
+    assert not feedback and feedback.status == "incorrect"
+    assert words in feedback.message and "expected" in feedback.message and "Hint" in str(feedback)
+
+
+def test_noun_phrase_wrong_type():
+    feedback = check_french_noun_phrase(lambda *args: ["le", "chat"])
+    assert feedback.status == "incorrect" and "return a str" in feedback.message
+
+
+def test_noun_phrase_crash_and_scaffold():
+    assert check_french_noun_phrase(crashing).status == "error"
+    assert "boom" in check_french_noun_phrase(crashing).message
+    assert check_french_noun_phrase(scaffold).status == "not attempted"
+    assert check_french_noun_phrase(...).status == "not attempted"
+
+
+# --------------------------------------------------------------------------- exercise 2
+
+def sample_right(logits, temperature, generator):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probabilities = torch.softmax(logits / temperature, dim=-1)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+
+
+def sample_no_temperature(logits, temperature, generator):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+
+
+def sample_ignores_generator(logits, temperature, generator):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)
+
+
+def sample_always_greedy(logits, temperature, generator):
+    return logits.argmax(dim=-1)
+
+
+def sample_wrong_shape(logits, temperature, generator):
+    return torch.multinomial(torch.softmax(logits / max(temperature, 1e-6), dim=-1), 1, generator=generator)
+
+
+def sample_floats(logits, temperature, generator):
+    return logits.argmax(dim=-1).float()
+
+
+def test_sample_right():
+    feedback = check_sample_next(sample_right)
+    assert feedback.status == "correct", str(feedback)
+
+
+@pytest.mark.parametrize(
+    "answer,words",
+    [
+        (sample_no_temperature, "divide the logits by the temperature"),
+        (sample_ignores_generator, "generator"),
+        (sample_always_greedy, "frequencies"),
+        (sample_wrong_shape, "shape"),
+        (sample_floats, "integer"),
+    ],
+)
+def test_sample_wrong(answer, words):
+    feedback = check_sample_next(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert words in feedback.message
+
+
+def test_sample_crash_and_scaffold():
+    assert check_sample_next(crashing).status == "error"
+    assert check_sample_next(scaffold).status == "not attempted"
+
+
+# --------------------------------------------------------------------------- exercise 3
+
+def mask_right(T):
+    return torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+
+
+@pytest.mark.parametrize(
+    "answer,words",
+    [
+        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(), "IS allowed"),
+        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(-1), "blocks the past"),
+        (lambda T: torch.ones(T, T).triu(1), "bool"),
+        (lambda T: torch.ones(T, T, dtype=torch.bool).triu(1)[:, :-1], "shape"),
+        (lambda T: torch.zeros(T, T, dtype=torch.bool), "should be"),
+    ],
+)
+def test_mask_wrong(answer, words):
+    feedback = check_decoder_mask(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert words in feedback.message
+
+
+def test_mask_right_crash_and_scaffold():
+    assert check_decoder_mask(mask_right).status == "correct"
+    assert check_decoder_mask(crashing).status == "error"
+    assert check_decoder_mask(scaffold).status == "not attempted"
