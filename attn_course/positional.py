@@ -43,6 +43,18 @@ def sinusoidal_positional_encoding(max_len: int, d_model: int, *, device=None, d
     return pe.to(dtype)
 
 
+def _check_positions(x: torch.Tensor, start: int, d_model: int, max_len: int, advice: str) -> int:
+    """Check the input of a position module's forward; return ``T``, the number of positions asked for."""
+    check_tensor("x", x, min_dim=2, floating=True)
+    check_positive_int("start", start, allow_zero=True)
+    T = x.size(-2)
+    if x.size(-1) != d_model:
+        raise ValueError(f"x must have last dimension d_model={d_model}, got shape {tuple(x.shape)}")
+    if start + T > max_len:
+        raise ValueError(f"positions up to {start + T} were asked for but max_len={max_len}; {advice}")
+    return T
+
+
 class PositionalEncoding(nn.Module):
     """Add the sinusoidal encoding to a batch of embeddings, then apply dropout.
 
@@ -72,16 +84,7 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Add the encodings of positions ``start .. start+T-1`` (``start`` serves cached decoding)."""
-        check_tensor("x", x, min_dim=2, floating=True)
-        check_positive_int("start", start, allow_zero=True)
-        T = x.size(-2)
-        if x.size(-1) != self.d_model:
-            raise ValueError(f"x must have last dimension d_model={self.d_model}, got shape {tuple(x.shape)}")
-        if start + T > self.max_len:
-            raise ValueError(
-                f"positions up to {start + T} were asked for but max_len={self.max_len}; "
-                f"build PositionalEncoding with a larger max_len"
-            )
+        T = _check_positions(x, start, self.d_model, self.max_len, "build PositionalEncoding with a larger max_len")
         if torch.finfo(x.dtype).bits > torch.finfo(self.pe.dtype).bits:  # e.g. float64 x, float32 table
             pe = sinusoidal_positional_encoding(start + T, self.d_model, device=x.device, dtype=x.dtype)[start:]  # (T, E)
         else:
@@ -127,16 +130,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Add the vectors of positions ``start .. start+T-1``."""
-        check_tensor("x", x, min_dim=2, floating=True)
-        check_positive_int("start", start, allow_zero=True)
-        T = x.size(-2)
-        if x.size(-1) != self.d_model:
-            raise ValueError(f"x must have last dimension d_model={self.d_model}, got shape {tuple(x.shape)}")
-        if start + T > self.max_len:
-            raise ValueError(
-                f"positions up to {start + T} were asked for but max_len={self.max_len}; a learned table "
-                f"has no vector beyond its last row (build it with a larger max_len, and train on such lengths)"
-            )
+        T = _check_positions(x, start, self.d_model, self.max_len, "a learned table has no vector beyond its "
+                             "last row (build it with a larger max_len, and train on such lengths)")
         weight = self.embedding.weight
         if x.device != weight.device:
             raise ValueError(f"x is on {x.device} but the position table is on {weight.device}; call module.to(x.device)")

@@ -20,3 +20,15 @@ DEVICES = [
 def device(request) -> torch.device:
     """Every test that takes `device` runs on the CPU, and on CUDA and MPS where they exist."""
     return torch.device(request.param)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module on one CPU thread. Modules of tiny models use it (``pytestmark``, so that their
+    module-scoped fixtures run on one thread too): one thread is as
+    fast for them, and robust on a CPU shared with other jobs, where OpenMP threads can spend ten
+    times longer waiting for each other than computing."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

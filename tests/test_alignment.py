@@ -7,13 +7,7 @@ import torch.nn.functional as F
 import attn_course as ac
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: on a busy 2-core machine extra threads only wait for each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHAPES = [
     # (B, L, S, Dq, Dk, Dv): L = None means one decoder step, a (B, Dq) query

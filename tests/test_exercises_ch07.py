@@ -8,12 +8,7 @@ from attn_course.exercises.ch07 import check_decoder_mask, check_french_noun_phr
 from attn_course.translator import french_noun_phrase
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def scaffold(*args):

@@ -10,13 +10,7 @@ from attn_course.rnn import DIGIT_BOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, GRUEncoder, 
 KINDS = ["none", "additive", "dot"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: on a busy 2-core machine extra threads only wait for each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(kind, bidirectional=False, seed=0, hidden_dim=12):

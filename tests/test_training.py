@@ -10,13 +10,7 @@ import attn_course as ac
 from attn_course.training import History, fit, move_to
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: on a busy 2-core machine extra threads only wait for each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _regression(seed=0, n=64):

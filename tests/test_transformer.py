@@ -13,13 +13,7 @@ from attn_course.transformer import DecoderLayer, EncoderLayer, FeedForward, Tra
 E, H, FF = 16, 4, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is as fast, and robust on a CPU shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small_config(**overrides) -> TransformerConfig:

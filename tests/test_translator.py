@@ -13,14 +13,7 @@ from attn_course import translator as tr
 from attn_course.translator import CharVocab, toy_pairs
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread is as fast, and robust on a CPU shared with other jobs
-    (where two OpenMP threads can wait for each other ten times longer than they compute)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------- the toy language
