@@ -349,14 +349,19 @@ class CharVocab:
                 break
             if i in (self.pad_id, self.start_id):
                 continue
-            chars.append(self.symbols[i])
+            chars.append(self._symbol(i))
         return "".join(chars)
 
     def symbols_of(self, ids: Iterable[int]) -> list[str]:
         """Every id as its symbol (special symbols included), for plot labels."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        return [self.symbols[i] for i in ids]
+        return [self._symbol(i) for i in ids]
+
+    def _symbol(self, i: int) -> str:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.symbols):
+            raise ValueError(f"ids must be ints from 0 to {len(self.symbols) - 1} (the vocabulary has {len(self.symbols)} symbols), got {i!r}")
+        return self.symbols[i]
 
 
 # Characters known even if the training pairs happen to lack them, so that any lowercase sentence encodes.
@@ -423,8 +428,10 @@ class Translator(nn.Module):
                     f"it knows only {''.join(self.source_vocab.characters)!r}"
                 )
             rows.append(self.source_vocab.encode(sentence))
-        if any(len(r) + 2 > self.config.max_len for r in rows):
-            raise ValueError(f"a sentence is longer than the model's max_len={self.config.max_len} characters")
+        for i, row in enumerate(rows):
+            if len(row) + 2 > self.config.max_len:
+                raise ValueError(f"sentences[{i}] has {len(row)} characters, but this model reads at most "
+                                 f"max_len - 2 = {self.config.max_len - 2}")
         return pad_sequences(rows, CharVocab.pad_id, device)
 
 
@@ -483,6 +490,27 @@ class TrainingSettings:
             check_probability(name, getattr(self, name))
 
 
+def _check_pairs(pairs) -> None:
+    """``pairs`` must be a non-empty list of ``(english, french)`` string pairs."""
+    if not isinstance(pairs, (list, tuple)) or not pairs:
+        raise ValueError(f"pairs must be a non-empty list of (english, french) pairs, got {describe(pairs)}")
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
+            raise TypeError(f"pairs[{i}] must be a tuple (english, french) of two strings, got {pair!r}")
+
+
+def _as_device(device) -> torch.device:
+    """``None`` -> the best device available; otherwise a ``torch.device`` or a device string."""
+    if device is None:
+        return get_device()
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a torch.device, a string such as 'cpu', or None, got {describe(device)}")
+    try:
+        return torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device must name a torch device such as 'cpu' or 'mps', got {device!r} ({error})") from None
+
+
 def _length_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random) -> list[list[int]]:
     """Indices grouped into batches of similar length (so little padding), the batches in random order."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
@@ -519,11 +547,7 @@ def train(
         ``"epoch"``, ``"loss"``, ``"learning_rate"`` (one entry per step) and the total
         ``"seconds"`` and ``"sentences_per_second"``.
     """
-    if not isinstance(pairs, (list, tuple)) or not pairs:
-        raise ValueError(f"pairs must be a non-empty list of (english, french) pairs, got {describe(pairs)}")
-    for i, pair in enumerate(pairs[:5]):
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
-            raise TypeError(f"pairs[{i}] must be a tuple (english, french) of two strings, got {pair!r}")
+    _check_pairs(pairs)
     check_positive_int("seed", seed, allow_zero=True)
     check_bool("progress", progress)
     training_fields = {f.name for f in dataclasses.fields(TrainingSettings)}
@@ -535,7 +559,7 @@ def train(
             f"and model settings are {sorted(config_fields)}"
         )
     settings = TrainingSettings(**{k: v for k, v in overrides.items() if k in training_fields})
-    device = get_device() if device is None else torch.device(device)
+    device = _as_device(device)
 
     torch.manual_seed(seed)
     model = build_translator(pairs, **{k: v for k, v in overrides.items() if k in config_fields}).to(device)
@@ -786,8 +810,7 @@ def evaluate(model: Translator, pairs: Sequence[tuple[str, str]], *, batch_size:
         each sentence counted over the longer of prediction and reference), ``"num_sentences"`` and
         ``"mistakes"`` (a list of ``(english, expected, got)`` for the wrong ones).
     """
-    if not isinstance(pairs, (list, tuple)) or not pairs:
-        raise ValueError(f"pairs must be a non-empty list of (english, french) pairs, got {describe(pairs)}")
+    _check_pairs(pairs)
     predictions = translate(model, [e for e, _ in pairs], batch_size=batch_size, max_new_tokens=max_new_tokens)
     exact, matched, compared, mistakes = 0, 0, 0, []
     for (english, expected), got in zip(pairs, predictions):

@@ -295,3 +295,20 @@ def test_cli_train_translate_evaluate(tmp_path, capsys):
     assert "'?'" in capsys.readouterr().err
     assert tr.main(["evaluate", "--checkpoint", path, "--num-sentences", "8", "--num-pairs", "64"]) == 0
     assert "exact match" in capsys.readouterr().out
+
+
+def test_bad_input_gets_a_clear_error(tiny):
+    model, _, _ = tiny
+    with pytest.raises(ValueError, match=r"sentences\[1\] has 160 characters.*max_len - 2"):
+        tr.translate(model, ["the cat", "the cat " * 20])
+    with pytest.raises(TypeError, match=r"pairs\[1\] must be a tuple \(english, french\)"):
+        tr.evaluate(model, [("the cat sees a dog", "le chat voit un chien"), ("the cat sees a dog",)])
+    with pytest.raises(ValueError, match="device must name a torch device.*'nope'"):
+        tr.train(toy_pairs(10), device="nope", progress=False)
+    with pytest.raises(TypeError, match="device must be a torch.device.*float 3.5"):
+        tr.train(toy_pairs(10), device=3.5, progress=False)
+    vocab = model.target_vocab
+    with pytest.raises(ValueError, match=rf"ids must be ints from 0 to {len(vocab) - 1}.*got 999"):
+        vocab.decode([5, 999])
+    with pytest.raises(ValueError, match="got -1"):
+        vocab.symbols_of([-1])
