@@ -141,22 +141,6 @@ def test_sample_right():
     assert feedback.status == "correct", str(feedback)
 
 
-@pytest.mark.parametrize(
-    "answer,words",
-    [
-        (sample_no_temperature, "divide the logits by the temperature"),
-        (sample_ignores_generator, "generator"),
-        (sample_always_greedy, "frequencies"),
-        (sample_wrong_shape, "shape"),
-        (sample_floats, "integer"),
-    ],
-)
-def test_sample_wrong(answer, words):
-    feedback = check_sample_next(answer)
-    assert feedback.status == "incorrect", str(feedback)
-    assert words in feedback.message
-
-
 def test_sample_crash_and_scaffold():
     assert check_sample_next(crashing).status == "error"
     assert check_sample_next(scaffold).status == "not attempted"
@@ -169,17 +153,22 @@ def mask_right(T):
 
 
 @pytest.mark.parametrize(
-    "answer,words",
+    "check, answer, words",
     [
-        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(), "IS allowed"),
-        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(-1), "blocks the past"),
-        (lambda T: torch.ones(T, T).triu(1), "bool"),
-        (lambda T: torch.ones(T, T, dtype=torch.bool).triu(1)[:, :-1], "shape"),
-        (lambda T: torch.zeros(T, T, dtype=torch.bool), "should be"),
+        (check_sample_next, sample_no_temperature, "divide the logits by the temperature"),
+        (check_sample_next, sample_ignores_generator, "generator"),
+        (check_sample_next, sample_always_greedy, "frequencies"),
+        (check_sample_next, sample_wrong_shape, "shape"),
+        (check_sample_next, sample_floats, "integer"),
+        (check_decoder_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril(), "IS allowed"),
+        (check_decoder_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril(-1), "blocks the past"),
+        (check_decoder_mask, lambda T: torch.ones(T, T).triu(1), "bool"),
+        (check_decoder_mask, lambda T: torch.ones(T, T, dtype=torch.bool).triu(1)[:, :-1], "shape"),
+        (check_decoder_mask, lambda T: torch.zeros(T, T, dtype=torch.bool), "should be"),
     ],
 )
-def test_mask_wrong(answer, words):
-    feedback = check_decoder_mask(answer)
+def test_wrong_samplers_and_masks_are_told_what_is_wrong(check, answer, words):
+    feedback = check(answer)
     assert feedback.status == "incorrect", str(feedback)
     assert words in feedback.message
 
