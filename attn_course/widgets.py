@@ -34,10 +34,12 @@ def _control(name: str, values: Sequence[Any], labels: Sequence[str], kind: str)
     if kind == "slider":
         return widgets.SelectionSlider(options=options, value=0, description=name, continuous_update=True,
                                        style=style, layout=widgets.Layout(width="420px"))
-    if kind == "dropdown":
-        return widgets.Dropdown(options=options, value=0, description=name, style=style)
-    if kind == "buttons":
-        return widgets.ToggleButtons(options=options, value=0, description=name, style=style)
+    if kind == "dropdown":  # as wide as its longest option (the default width cuts sentences off)
+        return widgets.Dropdown(options=options, value=0, description=name, style=style,
+                                layout=widgets.Layout(width="max-content", max_width="100%"))
+    if kind == "buttons":  # buttons as wide as their labels, so that a few short ones fit on one line
+        return widgets.ToggleButtons(options=options, value=0, description=name,
+                                     style={**style, "button_width": "auto"})
     raise ValueError(f"kind must be 'slider', 'dropdown' or 'buttons', got {kind!r}")
 
 

@@ -41,6 +41,8 @@ def test_explorable_with_two_parameters_nests_stacks():
     box = ac.explorable(_figure, {"layer": [0, 1], "head": [0, 1, 2]}, kinds={"layer": "dropdown", "head": "buttons"})
     layer_control, head_control, outer = box.children
     assert isinstance(layer_control, widgets.Dropdown) and isinstance(head_control, widgets.ToggleButtons)
+    # Sized to their contents: ipywidgets' default width cut long options (chapter 07's sentences) off.
+    assert layer_control.layout.width == "max-content" and head_control.style.button_width == "auto"
     assert len(outer.children) == 2 and all(len(inner.children) == 3 for inner in outer.children)
     links = _links()
     for inner in outer.children:
