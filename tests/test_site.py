@@ -370,7 +370,11 @@ def test_page_in_a_browser(page_name, browser_context, server, network):
                 for index in range(count):
                     shown = page.evaluate(SHOWN_PICTURE, i)
                     _move(page, area, kind, index)
-                    page.wait_for_function(f"(prev) => ({SHOWN_PICTURE})({i}) !== prev", arg=shown, timeout=5_000)
+                    # A new picture, shown: while the views switch, or before the new image is decoded,
+                    # no picture has a size for a moment (a run once read that moment as the result).
+                    page.wait_for_function(
+                        f"(prev) => {{ const now = ({SHOWN_PICTURE})({i}); return now !== '' && now !== prev; }}",
+                        arg=shown, timeout=5_000)
             after = page.evaluate(SHOWN_PICTURE, i)
             assert after and after != before
             area.screenshot(path=str(SCREENSHOTS / f"{_slug(page_name)}--explorable{i}-after.png"))
