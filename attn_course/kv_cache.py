@@ -230,9 +230,8 @@ class DecoderOnlyLM(nn.Module):
         start = cache.length
         self._check_tokens(tokens, start)
         x = self.positional(self.embedding(tokens), start=start)  # (B, T_new, E), positions start, start+1, ...
-        for i, layer in enumerate(self.layers):  # the pre-norm layer of chapter 07, with a cached attention step
-            x = x + layer.dropout(cached_self_attention(layer.self_attn, layer.norm1(x), cache, i))
-            x = x + layer.dropout(layer.feed_forward(layer.norm2(x)))
+        for i, layer in enumerate(self.layers):  # the layer of chapter 07, with a cached attention step
+            x, _ = layer.apply_sublayers(x, lambda h: (cached_self_attention(layer.self_attn, h, cache, i), None))
         return self.lm_head(self.final_norm(x))  # (B, T_new, V)
 
 

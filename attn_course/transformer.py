@@ -139,6 +139,14 @@ class EncoderLayer(nn.Module):
             return self.self_attn(h, h, h, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                   is_causal=is_causal, need_weights=need_weights)
 
+        return self.apply_sublayers(x, attend)
+
+    def apply_sublayers(self, x: torch.Tensor, attend) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer's residual connections and norms around a given attention step.
+
+        ``attend(h) -> (output, weights)`` stands in for the self-attention; :meth:`forward` passes
+        the plain one, chapter 08's key/value cache a cached one (``attn_course.kv_cache``).
+        """
         if self.norm_first:
             attended, weights = attend(self.norm1(x))
             x = x + self.dropout(attended)
@@ -209,6 +217,15 @@ class DecoderLayer(nn.Module):
             return self.cross_attn(h, memory, memory, key_padding_mask=memory_key_padding_mask,
                                    need_weights=need_weights)
 
+        return self.apply_sublayers(x, attend_self, attend_source)
+
+    def apply_sublayers(self, x: torch.Tensor, attend_self, attend_source):
+        """The layer's residual connections and norms around given attention steps.
+
+        ``attend_self(h)`` and ``attend_source(h)`` return ``(output, weights)``; :meth:`forward`
+        passes the plain ones, the translator's cached decoding a cached self-attention
+        (``attn_course.translator``). Returns ``(x, self_weights, cross_weights)``.
+        """
         if self.norm_first:
             attended, self_weights = attend_self(self.norm1(x))
             x = x + self.dropout(attended)

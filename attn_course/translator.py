@@ -638,18 +638,12 @@ def _decode_step_cached(transformer: Transformer, new_tokens: torch.Tensor, memo
         new_tokens ``(B, T_new)``, memory ``(B, S, E)``, memory_padding ``(B, S)`` -> logits ``(B, T_new, V_tgt)``
     """
     x = transformer.embed_target(new_tokens, start=cache.length)  # (B, T_new, E), at positions start, start + 1, ...
-    for i, layer in enumerate(transformer.decoder_layers):
-        def attend_source(h):
-            return layer.cross_attn(h, memory, memory, key_padding_mask=memory_padding, need_weights=False)[0]
-
-        if layer.norm_first:
-            x = x + cached_self_attention(layer.self_attn, layer.norm1(x), cache, i)
-            x = x + attend_source(layer.norm2(x))
-            x = x + layer.feed_forward(layer.norm3(x))
-        else:
-            x = layer.norm1(x + cached_self_attention(layer.self_attn, x, cache, i))
-            x = layer.norm2(x + attend_source(x))
-            x = layer.norm3(x + layer.feed_forward(x))
+    for i, layer in enumerate(transformer.decoder_layers):  # each layer's own wiring, with a cached self-attention
+        x, _, _ = layer.apply_sublayers(
+            x,
+            lambda h: (cached_self_attention(layer.self_attn, h, cache, i), None),
+            lambda h: layer.cross_attn(h, memory, memory, key_padding_mask=memory_padding, need_weights=False),
+        )
     return transformer.output_projection(transformer.decoder_norm(x))  # (B, T_new, V_tgt)
 
 

@@ -204,6 +204,26 @@ def test_cached_decoding_equals_full_decoding(tiny):
     assert tr.translate(model, sentences, use_cache=True) == tr.translate(model, sentences, use_cache=False)
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_cached_decoding_step_equals_the_decoder(norm_first):
+    """The cached step reuses each layer's own wiring: its logits are the decoder's, pre- and post-norm."""
+    torch.manual_seed(0)
+    pairs = toy_pairs(20, seed=1)
+    model = tr.build_translator(pairs, d_model=16, num_heads=2, d_ff=32, norm_first=norm_first).eval()
+    transformer = model.transformer
+    src = model.encode_sources([e for e, _ in pairs[:3]])  # (B, S)
+    tgt = tr.pad_sequences([model.target_vocab.encode(f, add_start=True) for _, f in pairs[:3]])[:, :6]  # (B, 6)
+    memory, _ = transformer.encode(src)
+    padding = transformer.padding_of(src)
+    expected, _ = transformer.decode(tgt, memory, padding)  # (B, 6, V)
+    attn = transformer.decoder_layers[0].self_attn
+    cache = tr.KVCache(len(transformer.decoder_layers), 3, attn.num_heads, attn.head_dim, 6)
+    with torch.no_grad():
+        first = tr._decode_step_cached(transformer, tgt[:, :4], memory, padding, cache)  # four tokens at once
+        rest = [tr._decode_step_cached(transformer, tgt[:, t : t + 1], memory, padding, cache) for t in (4, 5)]
+    torch.testing.assert_close(torch.cat([first, *rest], dim=1), expected, atol=1e-5, rtol=1e-4)
+
+
 def test_translate_unknown_characters(tiny):
     model, _, _ = tiny
     with pytest.raises(ValueError, match=r"sentences\[1\].*\['!'\]"):
