@@ -11,11 +11,15 @@ from .training import History, fit
 from .simple import simple_self_attention  # 02
 from .scaled import SelfAttention, scaled_dot_product_attention  # 03
 from .masks import allowed_to_blocked, blocked_to_additive, causal_mask, combine_masks, padding_mask  # 04
+from .masks import sliding_window_mask  # 10
 from .multihead import MultiHeadAttention  # 05
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding  # 06
 from .transformer import DecoderLayer, EncoderLayer, FeedForward, Transformer, TransformerConfig  # 07
 from .efficient import online_softmax, tiled_attention  # 08
 from .kv_cache import DecoderOnlyLM, KVCache, cached_self_attention, generate  # 08
+from .rotary import RotaryEmbedding, apply_rotary_embedding  # 09
+from .alibi import alibi_bias, alibi_slopes  # 09
+from .gqa import GroupedQueryAttention, RollingKVCache  # 10
 from .plotting import plot_attention, plot_attention_grid
 from .widgets import explorable
 
@@ -60,6 +64,13 @@ __all__ = [
     "cached_self_attention",
     "DecoderOnlyLM",
     "generate",
+    "apply_rotary_embedding",
+    "RotaryEmbedding",
+    "alibi_slopes",
+    "alibi_bias",
+    "sliding_window_mask",
+    "GroupedQueryAttention",
+    "RollingKVCache",
     "plot_attention",
     "plot_attention_grid",
     "explorable",

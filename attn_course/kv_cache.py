@@ -24,11 +24,24 @@ from torch import nn
 from ._checks import check_bool, check_positive_int, check_probability, check_tensor, describe
 from .masks import causal_mask
 from .multihead import BACKENDS, MultiHeadAttention
-from .positional import PositionalEncoding, TokenEmbedding
+from .positional import LearnedPositionalEmbedding, PositionalEncoding, TokenEmbedding
 from .scaled import scaled_dot_product_attention
 from .transformer import EncoderLayer
 
-__all__ = ["KVCache", "cached_self_attention", "DecoderOnlyLM", "generate"]
+__all__ = ["KVCache", "cached_self_attention", "DecoderOnlyLM", "generate", "POSITIONS"]
+
+POSITIONS = ("sinusoidal", "learned", "rotary", "alibi", "none")
+
+
+class _NoPosition(nn.Module):
+    """No position information at all (only the causal mask tells tokens apart): dropout only."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        return self.dropout(x)
 
 
 class KVCache:
@@ -171,13 +184,22 @@ class DecoderOnlyLM(nn.Module):
         max_len: longest sequence (prompt plus generated tokens).
         dropout: dropout probability (training mode only).
         backend: attention implementation, ``"sdpa"`` or ``"reference"``.
+        position: how the model knows positions (chapter 09): ``"sinusoidal"`` (the default, added to
+            the embeddings), ``"learned"`` (a trained table), ``"rotary"`` (queries and keys rotated),
+            ``"alibi"`` (a distance bias per head) or ``"none"`` (only the causal mask).
+        num_kv_heads: key/value heads per layer (chapter 10); None for one per query head.
+        window: sliding-window attention over the last ``window`` positions (chapter 10); None for all.
+
+    With ``"rotary"``, ``"alibi"``, ``num_kv_heads`` or ``window`` the layers' ``self_attn`` is a
+    :class:`~attn_course.GroupedQueryAttention`, and :meth:`new_cache` gives its cache.
 
     Shape:
         - tokens: ``(B, T)`` integer ids -> logits: ``(B, T, V)``; ``logits[:, t]`` predicts token ``t + 1``.
     """
 
     def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, num_layers: int = 2, d_ff: int = 128,
-                 max_len: int = 256, dropout: float = 0.0, backend: str = "sdpa") -> None:
+                 max_len: int = 256, dropout: float = 0.0, backend: str = "sdpa", position: str = "sinusoidal",
+                 num_kv_heads: int | None = None, window: int | None = None) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
                             ("num_layers", num_layers), ("d_ff", d_ff), ("max_len", max_len)):
@@ -185,12 +207,28 @@ class DecoderOnlyLM(nn.Module):
         check_probability("dropout", dropout)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.max_len = max_len
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        if num_kv_heads is not None:
+            check_positive_int("num_kv_heads", num_kv_heads)
+        self.max_len, self.position = max_len, position
         self.embedding = TokenEmbedding(vocab_size, d_model)
-        self.positional = PositionalEncoding(d_model, max_len=max_len, dropout=dropout)
+        if position == "learned":
+            self.positional = LearnedPositionalEmbedding(max_len, d_model, dropout=dropout)
+        elif position == "sinusoidal":
+            self.positional = PositionalEncoding(d_model, max_len=max_len, dropout=dropout)
+        else:  # rotary and ALiBi act inside attention
+            self.positional = _NoPosition(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, num_heads, d_ff, dropout=dropout, backend=backend, norm_first=True) for _ in range(num_layers)
         )
+        if position in ("rotary", "alibi") or num_kv_heads is not None or window is not None:
+            from .gqa import GroupedQueryAttention  # (gqa imports this module)
+
+            for layer in self.layers:
+                layer.self_attn = GroupedQueryAttention(
+                    d_model, num_heads, num_kv_heads or num_heads, dropout=dropout, window=window,
+                    rotary=position == "rotary", alibi=position == "alibi", backend=backend)
         self.final_norm = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size)
 
@@ -213,6 +251,8 @@ class DecoderOnlyLM(nn.Module):
         """An empty :class:`KVCache` for this model, on its device and in its dtype."""
         weight = self.lm_head.weight
         attn = self.layers[0].self_attn
+        if not isinstance(attn, MultiHeadAttention):  # a GroupedQueryAttention: G heads, maybe a rolling window
+            return attn.new_cache(batch_size, max_len or self.max_len, num_layers=len(self.layers))
         return KVCache(len(self.layers), batch_size, attn.num_heads, attn.head_dim, max_len or self.max_len,
                        device=weight.device, dtype=weight.dtype)
 
@@ -225,13 +265,18 @@ class DecoderOnlyLM(nn.Module):
         Shape:
             tokens: ``(B, T_new)`` -> logits: ``(B, T_new, V)``
         """
-        if not isinstance(cache, KVCache):
+        from .gqa import RollingKVCache  # (gqa imports this module)
+
+        if not isinstance(cache, (KVCache, RollingKVCache)):
             raise TypeError(f"cache must be a KVCache (model.new_cache(batch_size)), got {type(cache).__name__}")
         start = cache.length
         self._check_tokens(tokens, start)
         x = self.positional(self.embedding(tokens), start=start)  # (B, T_new, E), positions start, start+1, ...
         for i, layer in enumerate(self.layers):  # the layer of chapter 07, with a cached attention step
-            x, _ = layer.apply_sublayers(x, lambda h: (cached_self_attention(layer.self_attn, h, cache, i), None))
+            if isinstance(layer.self_attn, MultiHeadAttention):
+                x, _ = layer.apply_sublayers(x, lambda h: (cached_self_attention(layer.self_attn, h, cache, i), None))
+            else:  # GroupedQueryAttention has its own cached step
+                x, _ = layer.apply_sublayers(x, lambda h: (layer.self_attn.forward_cached(h, cache, i), None))
         return self.lm_head(self.final_norm(x))  # (B, T_new, V)
 
 

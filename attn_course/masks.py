@@ -22,7 +22,7 @@ import torch
 
 from ._checks import check_positive_int, check_tensor, describe
 
-__all__ = ["causal_mask", "padding_mask", "combine_masks", "allowed_to_blocked", "blocked_to_additive"]
+__all__ = ["causal_mask", "sliding_window_mask", "padding_mask", "combine_masks", "allowed_to_blocked", "blocked_to_additive"]
 
 _ALIGNMENTS = ("top_left", "bottom_right")
 _SIDES = ("right", "left")
@@ -64,6 +64,54 @@ def causal_mask(query_len: int, key_len: int | None = None, *, device=None, alig
         raise ValueError(f"align must be one of {_ALIGNMENTS}, got {align!r}")
     diagonal = 0 if align == "top_left" else key_len - query_len
     return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(diagonal)  # (L, S)
+
+
+def sliding_window_mask(query_len: int, window: int, key_len: int | None = None, *, device=None,
+                        align: str = "top_left") -> torch.Tensor:
+    """Sliding-window causal mask in the allowed convention (True = may attend), as Longformer and Mistral.
+
+    Query ``i`` may attend to the ``window`` keys ``i - window + 1 .. i`` (itself included) and to no
+    other: a causal mask with everything older than ``window`` positions cut off. With
+    ``window >= S`` it is :func:`causal_mask`. ``align`` places the queries as in :func:`causal_mask`:
+    ``"bottom_right"`` when the ``L`` queries are the last ``L`` of ``S`` positions (new tokens after a
+    cache), so that query ``i`` sits at position ``i + S - L``.
+
+    Args:
+        query_len: number of queries ``L``.
+        window: how many keys each query sees, itself included (at least 1).
+        key_len: number of keys ``S`` (defaults to ``L``).
+        device: where to create the mask (default: the CPU).
+        align: ``"top_left"`` (default, as :func:`causal_mask`) or ``"bottom_right"``.
+
+    Returns:
+        Bool tensor, True = may attend: a band of width ``window`` ending on the diagonal. For
+        ``nn.MultiheadAttention``'s ``attn_mask`` (True = blocked) pass ``allowed_to_blocked(mask)``.
+
+    Shape:
+        ``(L, S)``
+
+    Example::
+
+        >>> sliding_window_mask(4, 2).int()
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 1, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
+    """
+    check_positive_int("query_len", query_len, allow_zero=True)
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be an int (how many keys each query sees), got {describe(window)}")
+    if window < 1:
+        raise ValueError(f"window must be at least 1 (a query always sees itself), got {window}")
+    key_len = query_len if key_len is None else key_len
+    check_positive_int("key_len", key_len, allow_zero=True)
+    if align not in _ALIGNMENTS:
+        raise ValueError(f"align must be one of {_ALIGNMENTS}, got {align!r}")
+    offset = 0 if align == "top_left" else key_len - query_len
+    query_pos = torch.arange(query_len, device=device)[:, None] + offset  # (L, 1)
+    key_pos = torch.arange(key_len, device=device)[None, :]  # (1, S)
+    distance = query_pos - key_pos  # (L, S), i - j
+    return (distance >= 0) & (distance < window)  # (L, S)
 
 
 def padding_mask(lengths, max_len: int | None = None, *, side: str = "right", device=None) -> torch.Tensor:

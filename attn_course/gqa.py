@@ -1,0 +1,430 @@
+"""Chapter 10: grouped-query attention (GQA), multi-query attention (MQA) and sliding windows.
+
+When a model generates text, the keys and values of every earlier token sit in a cache (chapter 08),
+``2 * layers * B * H * S * D`` numbers that grow with every token: for long contexts the cache, not
+the weights, fills the memory and its reading sets the speed. Two ways to shrink it:
+
+- **Share keys and values between heads.** Multi-query attention (Shazeer 2019) keeps ``H`` query
+  heads but one key/value head; grouped-query attention (Ainslie et al. 2023) keeps ``G`` key/value
+  heads, each shared by a group of ``H / G`` query heads. The cache shrinks by ``H / G``.
+  Query head ``h`` reads key/value head ``h // (H / G)``, the grouping of
+  ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+- **Look back only ``window`` tokens** (Longformer, Beltagy et al. 2020; Mistral, Jiang et al. 2023).
+  The cache then holds only the last ``window`` positions, written in a rolling buffer; stacked
+  layers still pass information further, ``window - 1`` positions per layer.
+
+Shapes: ``B`` batch, ``H`` query heads, ``G`` key/value heads (``num_kv_heads``), ``L`` queries,
+``S`` keys, ``E`` model width, ``D = E / H`` head width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_bool, check_positive_int, check_probability, check_tensor, describe
+from .alibi import alibi_bias
+from .kv_cache import KVCache
+from .masks import sliding_window_mask
+from .multihead import BACKENDS, MultiHeadAttention
+from .rotary import RotaryEmbedding
+from .scaled import _attention_weights, scaled_dot_product_attention
+
+__all__ = ["GroupedQueryAttention", "RollingKVCache"]
+
+
+class RollingKVCache:
+    """A key/value cache that keeps only the last ``window`` positions of every layer (a rolling buffer).
+
+    Position ``p`` is written to slot ``p % window``, over the position ``p - window`` that no query
+    will see again; the memory stays ``window`` positions however long the generation runs, as in
+    Mistral's "rolling buffer cache".
+
+    Args:
+        num_layers: number of attention layers that use the cache.
+        batch_size: ``B``.
+        num_heads: key/value heads ``G`` stored.
+        head_dim: ``D``.
+        window: positions kept per layer.
+        device, dtype: of the buffers.
+
+    Shape:
+        Each layer holds keys and values of shape ``(B, G, window, D)``.
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, window: int,
+                 *, device=None, dtype: torch.dtype = torch.float32) -> None:
+        for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("num_heads", num_heads),
+                            ("head_dim", head_dim), ("window", window)):
+            check_positive_int(name, value)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {describe(dtype)}")
+        shape = (batch_size, num_heads, window, head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.window = window
+        self._lengths = [0] * num_layers  # positions seen so far, per layer
+
+    @property
+    def length(self) -> int:
+        """Number of positions seen so far (in the first layer); at most ``window`` of them are kept."""
+        return self._lengths[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory taken by the buffers, in bytes."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def reset(self) -> None:
+        """Forget every position (the buffers are kept and overwritten)."""
+        self._lengths = [0] * len(self._lengths)
+
+    def _in_order(self, buffer: torch.Tensor, seen: int) -> torch.Tensor:
+        """The kept positions of ``buffer``, oldest first: ``(B, G, min(seen, window), D)``."""
+        if seen <= self.window:
+            return buffer[:, :, :seen]
+        slots = (torch.arange(self.window, device=buffer.device) + seen) % self.window  # oldest slot first
+        return buffer[:, :, slots]
+
+    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the keys and values of new positions; return the kept old ones followed by the new ones.
+
+        Returns:
+            ``(keys, values)``: the (at most ``window``) kept earlier positions, oldest first, then
+            every new position; the new queries need all of them. Afterwards the buffer keeps the
+            last ``window`` positions.
+
+        Shape:
+            keys, values: ``(B, G, T_new, D)`` -> ``(B, G, min(T_old, window) + T_new, D)`` each.
+        """
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.keys):
+            raise ValueError(f"layer must be an int in [0, {len(self.keys)}), got {describe(layer)}")
+        buffer = self.keys[layer]
+        for name, x in (("keys", keys), ("values", values)):
+            check_tensor(name, x, floating=True)
+            if x.dim() != 4 or x.shape[:2] != buffer.shape[:2] or x.size(-1) != buffer.size(-1):
+                raise ValueError(
+                    f"{name} must have shape (B, G, T_new, D) = {(buffer.size(0), buffer.size(1), 'T_new', buffer.size(3))}, "
+                    f"got {tuple(x.shape)}"
+                )
+        if keys.shape != values.shape:
+            raise ValueError(f"keys and values must have the same shape, got {tuple(keys.shape)} and {tuple(values.shape)}")
+        seen, new = self._lengths[layer], keys.size(2)
+        all_keys = torch.cat([self._in_order(self.keys[layer], seen), keys], dim=2)  # (B, G, kept + T_new, D)
+        all_values = torch.cat([self._in_order(self.values[layer], seen), values], dim=2)
+        last = min(new, self.window)  # only the last `window` new positions can stay
+        slots = (torch.arange(seen + new - last, seen + new, device=buffer.device)) % self.window  # (last,)
+        self.keys[layer][:, :, slots] = keys[:, :, new - last:]
+        self.values[layer][:, :, slots] = values[:, :, new - last:]
+        self._lengths[layer] = seen + new
+        return all_keys, all_values
+
+
+def _and_allowed(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
+    """Combine a merged mask (allowed-convention bool, additive float or None) with a bool "allowed" mask."""
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def _add_bias(mask: torch.Tensor | None, bias: torch.Tensor) -> torch.Tensor:
+    """Add a float bias to a merged mask (allowed-convention bool, additive float or None)."""
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, float("-inf"))
+    return mask + bias
+
+
+def _enable_gqa_supported() -> bool:
+    import inspect
+
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: try it
+        try:
+            q = torch.zeros(1, 2, 1, 2)
+            F.scaled_dot_product_attention(q, q[:, :1], q[:, :1], enable_gqa=True)
+            return True
+        except TypeError:
+            return False
+
+
+class GroupedQueryAttention(nn.Module):
+    """Attention with ``H`` query heads sharing ``G`` key/value heads (GQA; MQA when ``G = 1``).
+
+    ``num_kv_heads == num_heads`` is multi-head attention: the same numbers as
+    :class:`~attn_course.MultiHeadAttention` with the same weights. Query head ``h`` reads key/value
+    head ``h // (H / G)``, as ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+
+    Args:
+        embed_dim: model width ``E``.
+        num_heads: query heads ``H``; must divide ``embed_dim``.
+        num_kv_heads: key/value heads ``G``; must divide ``num_heads``.
+        dropout: dropout on the attention weights, in training mode only.
+        bias: add biases to the four projections.
+        window: if set, each query sees only itself and the ``window - 1`` positions before it
+            (sliding-window attention, which is causal by construction), and the cached path keeps
+            only ``window`` positions.
+        rotary: rotate queries and keys with rotary embeddings (:class:`~attn_course.RotaryEmbedding`,
+            interleaved layout) by their positions.
+        rope_base: the rotary frequency base.
+        alibi: add the ALiBi bias of :func:`~attn_course.alibi_bias` to the scores.
+        backend: ``"reference"`` (:func:`attn_course.scaled_dot_product_attention`, the groups
+            broadcast without copying keys) or ``"sdpa"`` (PyTorch's fused kernel with
+            ``enable_gqa=True``; the weights are computed separately when ``need_weights=True``).
+
+    Mask convention (as :class:`~attn_course.MultiHeadAttention` and ``nn.MultiheadAttention``): a
+    boolean mask is **True where attending is not allowed**; ``key_padding_mask`` is True at padding;
+    a float mask is added to the scores. When ``L != S`` the queries are the last ``L`` of the ``S``
+    positions for the window, the rotary positions and the ALiBi bias (``is_causal`` stays aligned to
+    the top-left, as in ``MultiHeadAttention``).
+
+    Shape:
+        - query: ``(B, L, E)``, key and value: ``(B, S, E)``
+        - key_padding_mask: ``(B, S)``; attn_mask: ``(L, S)``, ``(B * H, L, S)`` or ``(B, H, L, S)``
+        - output: ``(B, L, E)``; weights: ``(B, H, L, S)`` (one map per query head) or None
+        - ``q_proj``: ``E -> E``; ``k_proj``, ``v_proj``: ``E -> G * D``; ``out_proj``: ``E -> E``
+    """
+
+    # The input and mask handling of MultiHeadAttention, shared (they only read embed_dim, num_heads
+    # and q_proj): one definition of the mask conventions in the package.
+    _check_inputs = MultiHeadAttention._check_inputs
+    _merge_masks = MultiHeadAttention._merge_masks
+
+    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int, dropout: float = 0.0, bias: bool = True,
+                 window: int | None = None, rotary: bool = False, rope_base: float = 10000.0,
+                 alibi: bool = False, backend: str = "reference") -> None:
+        super().__init__()
+        check_positive_int("embed_dim", embed_dim)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("num_kv_heads", num_kv_heads)
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"num_heads must divide embed_dim, got embed_dim={embed_dim} and num_heads={num_heads}")
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_kv_heads must divide num_heads (each key/value head serves a whole group of query heads), "
+                f"got num_heads={num_heads} and num_kv_heads={num_kv_heads}"
+            )
+        check_probability("dropout", dropout)
+        check_bool("bias", bias)
+        if window is not None:
+            if isinstance(window, bool) or not isinstance(window, int):
+                raise TypeError(f"window must be None or an int >= 1, got {describe(window)}")
+            if window < 1:
+                raise ValueError(f"window must be at least 1 (a query always sees itself), got {window}")
+        check_bool("rotary", rotary)
+        check_bool("alibi", alibi)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        head_dim = embed_dim // num_heads
+        if rotary and head_dim % 2:
+            raise ValueError(f"rotary=True needs an even head width, got head_dim = embed_dim / num_heads = {head_dim}")
+        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
+        self.group_size = num_heads // num_kv_heads
+        self.dropout, self.window, self.alibi, self.backend = float(dropout), window, alibi, backend
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.rotary = RotaryEmbedding(head_dim, base=rope_base) if rotary else None
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"window={self.window}, alibi={self.alibi}, dropout={self.dropout}, backend={self.backend!r}")
+
+    @classmethod
+    def from_multihead(cls, module: nn.Module, num_kv_heads: int, **kwargs) -> "GroupedQueryAttention":
+        """Convert multi-head attention to GQA by mean-pooling the key and value heads of each group.
+
+        Ainslie et al. (2023) start from a trained multi-head checkpoint: the projection of the
+        key/value head of group ``g`` is the mean of the projections of the ``H / G`` heads in that
+        group; a short "uptraining" then recovers most of the quality.
+
+        Args:
+            module: a :class:`~attn_course.MultiHeadAttention` or a :class:`GroupedQueryAttention`
+                with ``num_kv_heads == num_heads``.
+            num_kv_heads: ``G`` of the result.
+            kwargs: ``window``, ``rotary``, ``rope_base``, ``alibi``, ``backend`` of the result
+                (a GroupedQueryAttention source passes on its own unless given).
+        """
+        if isinstance(module, GroupedQueryAttention):
+            if module.num_kv_heads != module.num_heads:
+                raise ValueError(f"module must have one key/value head per query head, got num_kv_heads={module.num_kv_heads} "
+                                 f"and num_heads={module.num_heads}")
+            defaults = dict(window=module.window, rotary=module.rotary is not None,
+                            rope_base=module.rotary.base if module.rotary is not None else 10000.0,
+                            alibi=module.alibi, backend=module.backend)
+        elif isinstance(module, MultiHeadAttention):
+            defaults = dict(backend=module.backend)
+        else:
+            raise TypeError(f"module must be an attn_course.MultiHeadAttention or GroupedQueryAttention, got {type(module).__name__}")
+        weight = module.q_proj.weight
+        has_bias = module.q_proj.bias is not None
+        ours = cls(module.embed_dim, module.num_heads, num_kv_heads, dropout=module.dropout, bias=has_bias,
+                   **{**defaults, **kwargs}).to(device=weight.device, dtype=weight.dtype)
+        H, G, D, E = module.num_heads, num_kv_heads, module.head_dim, module.embed_dim
+        with torch.no_grad():
+            for source, target in ((module.k_proj, ours.k_proj), (module.v_proj, ours.v_proj)):
+                target.weight.copy_(source.weight.view(G, H // G, D, E).mean(dim=1).reshape(G * D, E))  # (H*D, E) -> (G*D, E)
+                if has_bias:
+                    target.bias.copy_(source.bias.view(G, H // G, D).mean(dim=1).reshape(G * D))  # (H*D,) -> (G*D,)
+            for source, target in ((module.q_proj, ours.q_proj), (module.out_proj, ours.out_proj)):
+                target.load_state_dict(source.state_dict())
+        return ours.train(module.training)
+
+    # -- the attention step, shared by the plain and the cached paths --------------------------------
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q ``(B, H, L, D)``, k and v ``(B, G, S, D)``, mask broadcastable to ``(B, H, L, S)`` (allowed
+        bool or additive float) -> context ``(B, H, L, D)`` and weights ``(B, H, L, S)`` or None."""
+        B, H, L, D = q.shape
+        G, S, group = self.num_kv_heads, k.size(2), self.group_size
+        dropout_p = self.dropout if self.training else 0.0
+
+        # Rows that may attend to nothing: allow them everything, then zero their output below.
+        empty_rows = None
+        if mask is not None:
+            empty_rows = ~mask.any(dim=-1, keepdim=True) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1, keepdim=True)
+            if bool(empty_rows.any()):
+                mask = mask | empty_rows if mask.dtype == torch.bool else mask.masked_fill(empty_rows, 0.0)
+            else:
+                empty_rows = None
+
+        weights = None
+        if self.backend == "sdpa":
+            if _ENABLE_GQA:
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True)
+            else:  # an older torch: copy each key/value head to its group
+                context = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                                         attn_mask=mask, dropout_p=dropout_p)  # (B, H, L, D)
+            if need_weights:
+                weights = _attention_weights(q.view(B, G, group, L, D), k[:, :, None], _grouped(mask, B, G, group),
+                                             False, None).reshape(B, H, L, S)
+        else:
+            # Put the query heads of one group on their own axis; the group's one key/value head
+            # broadcasts over it (no copy): (B, G, group, L, D) against (B, G, 1, S, D).
+            q_grouped = q.view(B, G, group, L, D)  # (B, H, L, D) -> (B, G, H/G, L, D)
+            context, weights = scaled_dot_product_attention(
+                q_grouped, k[:, :, None], v[:, :, None], attn_mask=_grouped(mask, B, G, group), dropout_p=dropout_p
+            )  # (B, G, H/G, L, D), (B, G, H/G, L, S)
+            context = context.reshape(B, H, L, D)  # (B, G, H/G, L, D) -> (B, H, L, D)
+            weights = weights.reshape(B, H, L, S)
+        if empty_rows is not None:
+            context = context.masked_fill(empty_rows, 0.0)
+            if weights is not None:
+                weights = weights.masked_fill(empty_rows, 0.0)
+        return context, (weights if need_weights else None)
+
+    def _position_masks(self, mask, L: int, S: int, device, dtype):
+        """Add the window and the ALiBi bias (queries = the last L of S positions) to a merged mask."""
+        if self.window is not None:
+            mask = _and_allowed(mask, sliding_window_mask(L, self.window, S, device=device, align="bottom_right"))
+        if self.alibi:
+            mask = _add_bias(mask, alibi_bias(self.num_heads, L, S, device=device, dtype=dtype))  # (H, L, S) broadcasts
+        return mask
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from ``query`` to ``key``/``value``; see the class docstring for shapes and masks.
+
+        A query with no key left to attend to gets zeros, not NaN.
+        """
+        B, L, S = self._check_inputs(query, key, value)
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        check_bool("is_causal", is_causal)
+        check_bool("need_weights", need_weights)
+        mask = self._merge_masks(key_padding_mask, attn_mask, is_causal, B, L, S, query)  # (B|1, H|1, L, S) or None
+        mask = self._position_masks(mask, L, S, query.device, query.dtype)
+
+        q = self.q_proj(query).view(B, L, H, D).transpose(1, 2)  # (B, L, E) -> (B, H, L, D)
+        k = self.k_proj(key).view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
+        v = self.v_proj(value).view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
+        if self.rotary is not None:
+            q = self.rotary.rotate(q, torch.arange(S - L, S, device=query.device), "query")  # the last L positions
+            k = self.rotary.rotate(k, torch.arange(S, device=query.device), "key")
+        context, weights = self._attend(q, k, v, mask, need_weights)  # (B, H, L, D), (B, H, L, S)
+        context = context.transpose(1, 2).reshape(B, L, H * D)  # (B, H, L, D) -> (B, L, E)
+        return self.out_proj(context), weights
+
+    # -- cached decoding -----------------------------------------------------------------------------
+    def new_cache(self, batch_size: int, max_len: int | None = None, num_layers: int = 1):
+        """An empty cache for this module (``num_layers`` of them stacked, for a whole model).
+
+        Without a window: a :class:`~attn_course.KVCache` of ``G`` heads and ``max_len`` positions.
+        With a window: a :class:`RollingKVCache` of ``window`` positions (``max_len`` is not needed).
+        """
+        weight = self.q_proj.weight
+        if self.window is not None:
+            return RollingKVCache(num_layers, batch_size, self.num_kv_heads, self.head_dim, self.window,
+                                  device=weight.device, dtype=weight.dtype)
+        if max_len is None:
+            raise ValueError("max_len must be given for a module without a window (the cache keeps every position)")
+        return KVCache(num_layers, batch_size, self.num_kv_heads, self.head_dim, max_len, device=weight.device, dtype=weight.dtype)
+
+    def forward_cached(self, x: torch.Tensor, cache, layer: int = 0) -> torch.Tensor:
+        """Causal self-attention of new tokens that follow the ``cache.length`` tokens in ``cache``.
+
+        Only the new tokens are projected; their ``G`` key/value heads are added to the cache (keys
+        rotated first, when ``rotary``); each new query attends to the kept keys up to its own
+        position (and within the window).
+
+        Returns:
+            The same as ``self(x_all, x_all, x_all, is_causal=True)[0]`` at the new positions, where
+            ``x_all`` is every token so far.
+
+        Shape:
+            x: ``(B, T_new, E)`` -> ``(B, T_new, E)``
+        """
+        if not isinstance(cache, (KVCache, RollingKVCache)):
+            raise TypeError(f"cache must be a KVCache or RollingKVCache (module.new_cache(...)), got {type(cache).__name__}")
+        check_tensor("x", x, floating=True)
+        if x.dim() != 3 or x.size(-1) != self.embed_dim:
+            raise ValueError(f"x must have shape (B, T_new, E={self.embed_dim}), got {tuple(x.shape)}")
+        if (self.window is None) != isinstance(cache, KVCache):
+            raise TypeError(f"a module with window={self.window} needs the cache of module.new_cache(...), got a {type(cache).__name__}")
+        B, T, E = x.shape
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        start = cache._lengths[layer] if isinstance(layer, int) and 0 <= layer < len(cache._lengths) else 0
+        q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # (B, T, E) -> (B, H, T, D)
+        k = self.k_proj(x).view(B, T, G, D).transpose(1, 2)  # (B, T, G*D) -> (B, G, T, D)
+        v = self.v_proj(x).view(B, T, G, D).transpose(1, 2)  # (B, G, T, D)
+        if self.rotary is not None:
+            positions = torch.arange(start, start + T, device=x.device)  # (T,)
+            q, k = self.rotary(q, k, positions)
+        keys, values = cache.update(layer, k, v)  # (B, G, S, D) each
+        S = keys.size(2)
+        # Causal (and windowed) mask of the new queries, the last T of the S positions; allowed convention.
+        mask = None if T == 1 and self.window is None else sliding_window_mask(T, self.window or S, S, device=x.device,
+                                                                                align="bottom_right")
+        if self.alibi:
+            mask = _add_bias(mask, alibi_bias(H, T, S, device=x.device, dtype=x.dtype))
+        context, _ = self._attend(q, keys, values, mask, need_weights=False)  # (B, H, T, D)
+        context = context.transpose(1, 2).reshape(B, T, E)  # (B, H, T, D) -> (B, T, E)
+        return self.out_proj(context)
+
+
+def _grouped(mask: torch.Tensor | None, B: int, G: int, group: int) -> torch.Tensor | None:
+    """A mask broadcastable to ``(B, H, L, S)`` reshaped to broadcast to ``(B, G, H/G, L, S)``."""
+    if mask is None:
+        return None
+    while mask.dim() < 4:
+        mask = mask[None]  # (..., L, S) -> (1, ..., L, S)
+    b, h, L, S = mask.shape
+    if h == 1:
+        return mask[:, :, None]  # (b, 1, 1, L, S)
+    return mask.reshape(b, G, group, L, S)  # (b, H, L, S) -> (b, G, H/G, L, S)
+
+
+_ENABLE_GQA = _enable_gqa_supported()
