@@ -26,7 +26,7 @@ def plot_attention(
     annotate: bool | None = None,
     cmap: str = "viridis",
     colorbar: bool = True,
-    vmax: float | None = 1.0,
+    vmax: float | None = None,
 ):
     """Draw one attention matrix as a heatmap: queries down the side, keys along the top.
 
@@ -37,8 +37,10 @@ def plot_attention(
         title: the axis title.
         annotate: write each weight in its cell (default: when the matrix is at most 10 x 10).
         cmap: colour map.
-        colorbar: add a colour bar.
-        vmax: top of the colour scale (1.0 for weights; None to use the data's maximum).
+        colorbar: add a colour bar; its label says which scale the colours use.
+        vmax: top of the colour scale. None (the default) scales the colours to the data, from 0 to
+            the largest weight, so that weights spread between 0.1 and 0.35 are still told apart;
+            1.0 shows them against the whole range a weight can take.
 
     Returns:
         The matplotlib ``Figure``.
@@ -50,11 +52,14 @@ def plot_attention(
     for name, labels, n in (("query_labels", query_labels, L), ("key_labels", key_labels, S)):
         if labels is not None and len(labels) != n:
             raise ValueError(f"{name} has {len(labels)} labels but the weights have {n} along that axis")
+    if vmax is not None and (isinstance(vmax, bool) or not isinstance(vmax, (int, float)) or not vmax > 0):
+        raise ValueError(f"vmax must be a positive number or None (scale to the data), got {vmax!r}")
     if ax is None:
         fig, ax = plt.subplots(figsize=(max(3.0, 0.5 * S + 1.5), max(2.5, 0.45 * L + 1.0)))
     else:
         fig = ax.figure
-    image = ax.imshow(w.numpy(), cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
+    top = colour_top(w, vmax)
+    image = ax.imshow(w.numpy(), cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
     ax.set_xticks(range(S), labels=list(key_labels) if key_labels is not None else range(S), rotation=90 if S > 12 else 0)
     ax.set_yticks(range(L), labels=list(query_labels) if query_labels is not None else range(L))
     ax.xaxis.tick_top()
@@ -66,19 +71,35 @@ def plot_attention(
     if annotate is None:
         annotate = L <= 10 and S <= 10
     if annotate:
-        top = float(w.max()) if vmax is None else vmax
         for i in range(L):
             for j in range(S):
                 value = float(w[i, j])
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8,
                         color="black" if value > 0.6 * top else "white")
     if colorbar:
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=colour_label(top, vmax))
     return fig
 
 
-def plot_attention_grid(weights, query_labels=None, key_labels=None, *, titles=None, ncols: int = 4, suptitle=None):
-    """Several attention matrices side by side (for example one per head).
+def colour_top(w: "torch.Tensor", vmax: float | None) -> float:
+    """The top of the colour scale: ``vmax``, or the data's largest value (1.0 for an all-zero matrix)."""
+    if vmax is not None:
+        return float(vmax)
+    largest = float(w.max()) if w.numel() else 0.0
+    return largest if largest > 0 else 1.0
+
+
+def colour_label(top: float, vmax: float | None) -> str:
+    """The colour bar's label: which scale the colours use."""
+    if vmax is None:
+        return f"attention weight (colours scaled to the data: 0 to {top:.2f})"
+    return f"attention weight (fixed scale: 0 to {top:g})"
+
+
+def plot_attention_grid(weights, query_labels=None, key_labels=None, *, titles=None, ncols: int = 4, suptitle=None,
+                        vmax: float | None = None):
+    """Several attention matrices side by side (for example one per head), on one colour scale with
+    one colour bar.
 
     Args:
         weights: ``(N, L, S)`` matrices.
@@ -86,6 +107,7 @@ def plot_attention_grid(weights, query_labels=None, key_labels=None, *, titles=N
         titles: one title per panel (default ``head 0``, ``head 1``, ...).
         ncols: panels per row.
         suptitle: a title over the whole figure.
+        vmax: top of the shared colour scale (None: the largest weight of all panels).
 
     Returns:
         The matplotlib ``Figure``.
@@ -105,10 +127,15 @@ def plot_attention_grid(weights, query_labels=None, key_labels=None, *, titles=N
         if i >= n:
             ax.axis("off")
             continue
-        plot_attention(w[i], query_labels, key_labels, ax=ax, title=titles[i], annotate=False, colorbar=False)
+        plot_attention(w[i], query_labels, key_labels, ax=ax, title=titles[i], annotate=False, colorbar=False,
+                       vmax=colour_top(w, vmax))
+        ax.tick_params(labelsize=8)
         if i % ncols:
             ax.set_ylabel("")
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
+    top = colour_top(w, vmax)
+    mappable = plt.cm.ScalarMappable(norm=plt.Normalize(0.0, top), cmap="viridis")
+    fig.colorbar(mappable, ax=axes.ravel().tolist(), fraction=0.02, pad=0.02, label=colour_label(top, vmax))
     return fig
