@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import solution_cells  # noqa: E402  (tools/solution_cells.py)
 CHAPTER_ORDER = [
     "01_why_attention", "02_simple_self_attention", "03_scaled_dot_product_attention", "04_causal_attention",
     "05_multi_head_attention", "06_positional_encoding", "07_character_translator", "08_efficient_attention",
@@ -55,10 +57,20 @@ def test_chapter_anatomy(path):
     counts = [c["execution_count"] for c in code]
     assert counts == sorted(counts), f"{path.name}: cells executed out of order"
     assert not any(o.get("output_type") == "error" for c in code for o in c.get("outputs", []))
-    # Exercises: at least three solutions, each collapsed on the website.
+    # Exercises: at least three solutions, each after its check and collapsed wherever the notebook is
+    # opened (tools/solution_cells.py says which rule a cell breaks).
     solutions = [c for c in cells if "solution" in c.get("metadata", {}).get("tags", [])]
     assert len(solutions) >= 3, f"{path.name}: {len(solutions)} solution cells"
-    assert all("hide-input" in c["metadata"]["tags"] for c in solutions)
+    assert not solution_cells.problems(nb), f"{path.name}: {solution_cells.problems(nb)}"
+    # "Run all" grades the student: the check before each solution ran on the untouched scaffold.
+    for index, cell in enumerate(cells):
+        if "solution" in cell.get("metadata", {}).get("tags", []):
+            check = next(c for c in reversed(cells[:index]) if c["cell_type"] == "code")
+            if "solution" in check.get("metadata", {}).get("tags", []):
+                continue  # a second solution cell of the same exercise
+            shown = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                            for o in check.get("outputs", []))
+            assert "not attempted" in shown, f"{path.name} cell {index}: the check before the solution said {shown!r}"
     # An explorable, with its widget state stored so that it works on the static site.
     assert "explorable(" in text
     assert "application/vnd.jupyter.widget-state+json" in nb["metadata"].get("widgets", {}), f"{path.name}: no widget state"

@@ -100,17 +100,19 @@ def student_version(nb: dict) -> dict:
 
 def exercises(nb: dict) -> list[dict]:
     """Each exercise: its heading, its check's name and its solution's source."""
-    found, heading, solution = [], None, None
+    found, heading = [], None
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             match = re.search(r"^#+\s*(Exercise.*)$", source, re.MULTILINE)
             if match:
-                heading, solution = match.group(1).strip(), None
+                heading = match.group(1).strip()
         elif SOLUTION_TAG in tags(cell):
-            solution = source
+            # The solution follows its exercise's check (so that "Run all" grades the student's answer).
+            if found and found[-1]["solution"] is None:
+                found[-1]["solution"] = source
         elif heading and CHECK_CALL.search(source) and not source.lstrip().startswith(("from ", "import ")):
-            found.append({"heading": heading, "check": CHECK_CALL.search(source).group(1), "solution": solution})
+            found.append({"heading": heading, "check": CHECK_CALL.search(source).group(1), "solution": None})
             heading = None
     return found
 
