@@ -1,8 +1,11 @@
 # attn-course: two commands on a fresh machine.
 #   make book   builds the website (executing every chapter) into _build/html
-#   make test   runs every test in ONE pytest run: the package against PyTorch, every chapter with
+#   make test   runs every test in one pytest run (the package against PyTorch, every chapter with
 #               nbval, the website in a real browser, a chapter on a simulated Colab, the student
-#               versions. The browser test builds its own copy of the site into _build/site-test
+#               versions), then every chapter again under nbval on a second numerical path
+#               (`make test-other-cpu`: scalar CPU kernels, one thread), so that a chapter whose
+#               compared outputs hold only on the CPU that executed it fails here, not on a student's
+#               machine or in CI. The browser test builds its own copy of the site into _build/site-test
 #               from the committed, executed notebooks WITHOUT executing them again
 #               (ATTN_COURSE_EXECUTE=off), since nbval already runs every chapter in the same run;
 #               `make test-site` runs it against the _build/html that `make book` built instead.
@@ -23,17 +26,24 @@ PYTEST_ARGS ?=
 # The results are the same bits either way; only the waiting changes.
 export GOMP_SPINCOUNT ?= 10000
 
-.PHONY: help setup test test-package test-chapters test-site book vendor student student-check clean distclean sync execute
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# The second numerical path: PyTorch's scalar kernels (every CPU has them; AVX2 and AVX-512 machines
+# round differently from them, and from each other) on one thread (another summation order).
+OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
+
+.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check clean distclean sync execute
 
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
-	@echo "make test    run every test: package, chapters (nbval), website in chromium, Colab simulation, student versions"
+	@echo "make test    run every test: package, chapters (nbval), website in chromium, Colab simulation, student versions,"
+	@echo "             then every chapter again on another numerical path (make test-other-cpu)"
 	@echo "make student write _build/student/ (chapters without solutions) and _build/solutions/ (+ zips) for instructors"
 	@echo "make student-check   make student, then run every student notebook top to bottom"
 	@echo "make test-site       browser test of the site that \`make book\` built (_build/html)"
 	@echo "make vendor  fetch MathJax and the ipywidgets scripts from npm into _vendor/ (make book does it)"
 	@echo "make sync    rewrite each chapter's first cell from _config.yml (after changing the repository URL)"
-	@echo "make execute CHAPTER=chapters/02_simple_self_attention.ipynb   re-execute one chapter in place"
+	@echo "make execute CHAPTER=chapters/02_simple_self_attention.ipynb   re-execute one chapter in place, and"
+	@echo "             check that its compared outputs are the same on the other numerical path"
 	@echo "make clean   remove _build (keeps .venv and _vendor); make distclean removes those too"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -47,14 +57,18 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 test: setup
-	$(PY) -m pytest tests chapters --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
-		-p no:cacheprovider --durations=12 $(PYTEST_ARGS)
+	$(PY) -m pytest tests chapters $(NBVAL) -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-other-cpu
+
+test-other-cpu: setup
+	@echo "Every chapter again, on the scalar CPU kernels with one thread ($(OTHER_CPU)):"
+	$(OTHER_CPU) $(PY) -m pytest chapters $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
 
 test-package: setup
 	$(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
 
 test-chapters: setup
-	$(PY) -m pytest chapters --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest chapters $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
 
 vendor: setup
 	@# Exit status 3 means "no registry reachable: the site will use the CDNs"; the build goes on.
