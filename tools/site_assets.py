@@ -18,7 +18,13 @@ built it:
    browser test would report it).
 3. drops duplicate scripts (sphinx-thebe's inline configuration is added twice under Jupyter Book 1,
    which declares a ``const`` twice: a console error on every page).
-4. lets ``ATTN_COURSE_EXECUTE=off`` (or ``cache``, ``force``) override ``execute_notebooks``, so that the
+4. puts chapter 07's "try it" panel on that page (and only there): the translator the chapter trains,
+   exported to ONNX by ``tools/export_translator.py`` (started in the background when the build starts,
+   cached in ``_build/translator/``) and run in the reader's browser with onnxruntime-web from npm.
+   The model files are copied into ``<site>/_static/translator/`` when the build finishes; the panel's
+   script and style come from ``tools/site_extra/`` (``html_extra_path``). Where the export fails the
+   build prints why and the panel says it is unavailable. ``ATTN_COURSE_TRANSLATOR=off`` skips it.
+5. lets ``ATTN_COURSE_EXECUTE=off`` (or ``cache``, ``force``) override ``execute_notebooks``, so that the
    browser test can build the site from the committed, executed notebooks without running them again.
 """
 
@@ -27,15 +33,23 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
+import shutil
+import subprocess
 import sys
 
 from sphinx.util import logging
-from sphinx.util.console import bold
+from sphinx.util.console import bold, red
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import vendor_assets  # noqa: E402  (tools/vendor_assets.py)
 
 logger = logging.getLogger(__name__)
+TOOLS = pathlib.Path(__file__).resolve().parent
+SITE_EXTRA = TOOLS / "site_extra"  # html_extra_path: the translator panel's script and style
+TRANSLATOR_CACHE = TOOLS.parent / "_build" / "translator"
+TRANSLATOR_PAGE = re.compile(r"^chapters/07_")
+PANEL_ID = "attn-translator-panel"
 EXECUTION_MODES = ("off", "auto", "cache", "force", "inline")
 
 
@@ -48,6 +62,8 @@ def _configure(app, config) -> None:
         logger.info(bold(f"[site_assets] notebook execution: {mode} (from ATTN_COURSE_EXECUTE)"))
 
     app.attn_course_local_assets = vendor_assets.ensure(quiet=True)
+    config.html_extra_path = [*config.html_extra_path, str(SITE_EXTRA)]
+    _start_translator_export(app)
     if app.attn_course_local_assets:
         config.html_extra_path = [*config.html_extra_path, str(vendor_assets.SITE)]
         config.mathjax_path = vendor_assets.MATHJAX_JS
@@ -95,7 +111,96 @@ def _page_scripts(app, pagename, templatename, context, doctree) -> None:
         break
 
 
+def _start_translator_export(app) -> None:
+    """Train (once, cached) and export chapter 07's translator in the background while Sphinx works."""
+    app.attn_course_export = None
+    if os.environ.get("ATTN_COURSE_TRANSLATOR", "on") == "off":
+        app.attn_course_export_skipped = "the export was switched off (ATTN_COURSE_TRANSLATOR=off)"
+        return
+    app.attn_course_export_skipped = ""
+    TRANSLATOR_CACHE.mkdir(parents=True, exist_ok=True)
+    output = open(TRANSLATOR_CACHE / "export-output.txt", "w")
+    app.attn_course_export = subprocess.Popen(
+        [sys.executable, str(TOOLS / "export_translator.py"), "--out", str(TRANSLATOR_CACHE)],
+        stdout=output, stderr=subprocess.STDOUT, cwd=TOOLS.parent,
+    )
+    output.close()
+    logger.info(bold("[site_assets] exporting chapter 07's translator to ONNX in the background (tools/export_translator.py)"))
+
+
+def _finish_translator_export(app, exception) -> None:
+    """Wait for the export and copy the model into the site, or say loudly why the panel is unavailable."""
+    if exception is not None or app.builder.format != "html":
+        return
+    import export_translator  # tools/export_translator.py (only its paths)
+
+    target = pathlib.Path(app.outdir) / export_translator.ASSET_DIR
+    source = export_translator.paths(TRANSLATOR_CACHE)
+    reason = getattr(app, "attn_course_export_skipped", "")
+    process = getattr(app, "attn_course_export", None)
+    if process is not None:
+        process.wait()
+        if not export_translator.export_is_current(TRANSLATOR_CACHE):
+            try:
+                reason = json.loads(source["meta"].read_text()).get("reason", "")
+            except (OSError, ValueError):
+                reason = ""
+            tail = (TRANSLATOR_CACHE / "export-output.txt").read_text(errors="replace").strip().splitlines()[-5:]
+            reason = reason or f"tools/export_translator.py exited with status {process.returncode}: " + " | ".join(tail)
+    if not reason:
+        shutil.copytree(source["assets"], target, dirs_exist_ok=True)
+        logger.info(bold(f"[site_assets] chapter 07's translator panel: ONNX model copied to {target}"))
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "model.json").write_text(json.dumps({"available": False, "reason": reason}) + "\n")
+    logger.info(red(
+        "\n[site_assets] chapter 07's in-browser translator is UNAVAILABLE on this build: " + reason
+        + f"\n[site_assets] the page says so; see {TRANSLATOR_CACHE / 'export.log'} and export-output.txt there.\n"))
+
+
+def _translator_panel(app, pagename, templatename, context, doctree) -> None:
+    """On chapter 07's page only: the translator panel, its style and its script."""
+    if not TRANSLATOR_PAGE.match(pagename) or "body" not in context:
+        return
+    pathto = context["pathto"]
+    attributes = {
+        "data-model-dir": pathto("_static/translator/", 1),
+        "data-ort-dir": pathto(f"_static/{vendor_assets.ORT_DIR}", 1),
+        "data-ort-src": pathto(f"_static/{vendor_assets.ORT_DIR}ort.wasm.min.js", 1),
+    }
+    if not getattr(app, "attn_course_local_assets", False):
+        attributes["data-unavailable"] = "onnxruntime-web could not be fetched from npm when the site was built"
+    data = " ".join(f'{k}="{html_escape(v)}"' for k, v in attributes.items())
+    panel = (
+        f'<div id="{PANEL_ID}" class="attn-translator-panel" {data}>'
+        "<p>The translator loads here (it needs JavaScript).</p></div>"
+        f'<link rel="stylesheet" href="{pathto("_static/translator-panel/panel.css", 1)}">'
+        f'<script src="{pathto("_static/translator-panel/panel.js", 1)}" defer></script>'
+    )
+    body = context["body"]
+    placeholder = re.search(rf'<div[^>]*id="{PANEL_ID}"[^>]*>\s*</div>', body)
+    if placeholder:  # the chapter says where (a raw-HTML cell with an empty <div id="attn-translator-panel">)
+        context["body"] = body[: placeholder.start()] + panel + body[placeholder.end():]
+        return
+    section = (
+        '<section id="try-the-translator-in-your-browser">'
+        '<h2>Try it: the translator in your browser<a class="headerlink" href="#try-the-translator-in-your-browser" '
+        'title="Link to this heading">#</a></h2>' + panel + "</section>"
+    )
+    exercises = re.search(r'<section id="exercises"', body)
+    if exercises:
+        context["body"] = body[: exercises.start()] + section + body[exercises.start():]
+    else:
+        context["body"] = body + section
+
+
+def html_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def setup(app):
     app.connect("config-inited", _configure, priority=100)
     app.connect("html-page-context", _page_scripts, priority=900)  # after myst-nb adds the scripts
+    app.connect("html-page-context", _translator_panel, priority=950)
+    app.connect("build-finished", _finish_translator_export)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

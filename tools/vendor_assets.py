@@ -8,7 +8,11 @@ no build step) into the ignored folder ``_vendor/`` and lays them out as::
     _vendor/site/_static/vendor/mathjax/          MathJax 3 (the es5 folder: tex-mml-chtml.js, fonts, extensions)
     _vendor/site/_static/vendor/requirejs/        require.js (the AMD loader the widget embedder needs)
     _vendor/site/_static/vendor/html-manager/     @jupyter-widgets/html-manager dist (embed-amd.js, fonts)
+    _vendor/site/_static/vendor/onnxruntime-web/  ort.wasm.min.js and its WebAssembly runtime (chapter 07's
+                                                  translator panel loads it on that page only)
     _vendor/site/_static/vendor/manifest.json     what was fetched, with versions
+    _vendor/axe-core/axe.min.js                   the accessibility checker the browser test runs in each page
+                                                  (not part of the site)
 
 ``_vendor/site`` is published with Sphinx's ``html_extra_path`` (copied as it is into the site's root),
 not through ``_static/``, because Jupyter Book injects every ``.js`` file under ``_static/`` into every
@@ -43,12 +47,19 @@ PACKAGES = {
     "mathjax": "3.2.2",
     "requirejs": "2.3.8",
     "@jupyter-widgets/html-manager": "1.0.15",
+    "onnxruntime-web": "1.23.2",
+    "axe-core": "4.11.0",
 }
 
 # Paths the site loads, relative to the site's _static/ folder (what Sphinx's add_js_file expects).
 MATHJAX_JS = "vendor/mathjax/tex-mml-chtml.js"
 REQUIRE_JS = "vendor/requirejs/require.js"
 EMBED_AMD_JS = "vendor/html-manager/embed-amd.js"
+# onnxruntime-web's WebAssembly build (CPU only: no WebGL/WebGPU code, so the smallest runtime). The
+# .mjs glue and the .wasm are fetched by ort.wasm.min.js itself from the folder it is told.
+ORT_DIR = "vendor/onnxruntime-web/"
+ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+AXE_JS = VENDOR / "axe-core" / "axe.min.js"
 # Where embed-amd.js would look for widget modules it does not bundle (it bundles
 # @jupyter-widgets/base and /controls, all this course uses): the site itself, never a CDN.
 WIDGETS_MODULES_DIR = "vendor/npm/"
@@ -71,7 +82,8 @@ def assets_present() -> bool:
         fetched = json.loads(MANIFEST.read_text()).get("packages", {})
     except ValueError:
         return False
-    return fetched == PACKAGES and all((SITE / "_static" / p).is_file() for p in (MATHJAX_JS, REQUIRE_JS, EMBED_AMD_JS))
+    wanted = (MATHJAX_JS, REQUIRE_JS, EMBED_AMD_JS, *(ORT_DIR + name for name in ORT_FILES))
+    return fetched == PACKAGES and all((SITE / "_static" / p).is_file() for p in wanted) and AXE_JS.is_file()
 
 
 def _npm_pack(spec: str, into: pathlib.Path) -> pathlib.Path:
@@ -120,6 +132,11 @@ def fetch() -> None:
         _extract(tarballs["requirejs"], "require.js", staged / "requirejs" / "require.js")
         _extract(tarballs["@jupyter-widgets/html-manager"], "dist", staged / "html-manager",
                  keep=lambda name: not name.endswith(".map") and name not in ("embed.js", "libembed-amd.js"))
+        for name in ORT_FILES:
+            _extract(tarballs["onnxruntime-web"], f"dist/{name}", staged / "onnxruntime-web" / name)
+        _extract(tarballs["onnxruntime-web"], "LICENSE", staged / "onnxruntime-web" / "LICENSE")
+        _extract(tarballs["axe-core"], "axe.min.js", tmp / "axe-core" / "axe.min.js")
+        _extract(tarballs["axe-core"], "LICENSE", tmp / "axe-core" / "LICENSE")
         (staged / "npm").mkdir()
         (staged / "npm" / "README.txt").write_text(
             "Widget modules that embed-amd.js does not bundle would be looked up here (never on a CDN).\n"
@@ -129,6 +146,9 @@ def fetch() -> None:
             shutil.rmtree(TARGET)
         TARGET.parent.mkdir(parents=True, exist_ok=True)
         staged.rename(TARGET)
+        if AXE_JS.parent.exists():
+            shutil.rmtree(AXE_JS.parent)
+        (tmp / "axe-core").rename(AXE_JS.parent)
 
 
 def ensure(force: bool = False, quiet: bool = False) -> bool:
