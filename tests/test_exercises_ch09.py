@@ -1,0 +1,138 @@
+"""The exercise checks of chapter 09: right, wrong, crashing and untouched answers."""
+
+import math
+import re
+
+import pytest
+import torch
+
+from attn_course.exercises.ch09 import check_alibi_slopes, check_interleaved_to_halves, check_rotate_half_rope
+
+
+def _scaffold(*args):
+    ...
+
+
+# --- right answers, and variants of them ----------------------------------------------------------
+
+def rope(x, positions, base=10000.0, *, layout="halves", sign=1.0, offset=0, exponent=2.0, use_positions=True):
+    D = x.size(-1)
+    if not use_positions:
+        positions = torch.arange(x.size(-2))
+    theta = base ** (-exponent * torch.arange(0, D // 2, dtype=torch.float64) / D)  # (D/2,)
+    angles = (positions.double() + offset)[:, None] * theta * sign
+    cos, sin = angles.cos(), angles.sin()
+    if layout == "halves":
+        first, second = x[..., : D // 2], x[..., D // 2:]
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+    first, second = x[..., 0::2], x[..., 1::2]
+    return torch.stack([first * cos - second * sin, first * sin + second * cos], dim=-1).flatten(-2)
+
+
+def rope_complex(x, positions, base=10000.0):
+    """Another formulation: the pairs as complex numbers, multiplied by e^{i m theta}."""
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    rotation = torch.polar(torch.ones(positions.size(0), D // 2, dtype=torch.float64), positions.double()[:, None] * theta)
+    z = torch.complex(x[..., : D // 2].double(), x[..., D // 2:].double()) * rotation
+    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
+
+
+def slopes(num_heads, *, odd=False, reverse=False, plain=False, above=False):
+    def power_of_two(n):
+        return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+
+    if plain:
+        result = [2.0 ** (-8.0 * k / num_heads) for k in range(1, num_heads + 1)]
+    elif above:
+        n = 2 ** math.ceil(math.log2(num_heads))
+        result = power_of_two(n)[:num_heads]
+    else:
+        n = 2 ** math.floor(math.log2(num_heads))
+        extra = power_of_two(2 * n)[1::2] if odd else power_of_two(2 * n)[0::2]
+        result = power_of_two(n) + extra[: num_heads - n]
+    return result[::-1] if reverse else result
+
+
+def slopes_tensor(num_heads):
+    return torch.tensor(slopes(num_heads), dtype=torch.float32)
+
+
+def interleaved_to_halves(weight, num_heads, *, mode="right"):
+    rows, E = weight.shape
+    D = rows // num_heads
+    order = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
+    if mode == "inverse":
+        order = torch.argsort(order)
+    if mode == "global":
+        return weight[torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)])]
+    if mode == "unchanged":
+        return weight.clone()
+    if mode == "columns":
+        return weight[:, torch.cat([torch.arange(0, E, 2), torch.arange(1, E, 2)])]
+    return weight.view(num_heads, D, E)[:, order].reshape(rows, E)
+
+
+def interleaved_to_halves_index(weight, num_heads):
+    """Another formulation: build the list of source rows explicitly."""
+    rows = weight.size(0)
+    D = rows // num_heads
+    source = [row for h in range(num_heads) for row in
+              [h * D + 2 * i for i in range(D // 2)] + [h * D + 2 * i + 1 for i in range(D // 2)]]
+    return weight[source]
+
+
+def test_right_answers_pass():
+    for feedback in (check_rotate_half_rope(rope), check_rotate_half_rope(rope_complex), check_alibi_slopes(slopes),
+                     check_alibi_slopes(slopes_tensor), check_interleaved_to_halves(interleaved_to_halves),
+                     check_interleaved_to_halves(interleaved_to_halves_index)):
+        assert feedback.status == "correct", str(feedback)
+        assert bool(feedback)
+
+
+def test_float32_rope_passes():
+    assert check_rotate_half_rope(lambda x, p, b: rope(x.float(), p, b).float())
+
+
+# --- wrong answers say what is wrong --------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "check, answer, text",
+    [
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, layout="interleaved"), "interleaved layout"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, sign=-1.0), "wrong way"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, offset=1), "off by one"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, exponent=1.0), "base \\*\\* \\(-i / D\\)"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, use_positions=False), "ignore the positions"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, 10000.0), "values differ"),  # ignores base
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b)[..., :-1], "expected shape"),
+        (check_rotate_half_rope, lambda x, p, b: x, "values differ"),  # no rotation at all
+        (check_alibi_slopes, lambda h: slopes(h, reverse=True), "reverse order"),
+        (check_alibi_slopes, lambda h: slopes(h, plain=True), "power of two"),
+        (check_alibi_slopes, lambda h: slopes(h, odd=True), "\\[0::2\\]"),
+        (check_alibi_slopes, lambda h: slopes(h, above=True), "power of two above"),
+        (check_alibi_slopes, lambda h: [1.0 / 2 ** k for k in range(1, h + 1)], "power of two"),  # 1/2, 1/4... for any H
+        (check_alibi_slopes, lambda h: slopes(h)[:-1], "expected shape"),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="inverse"), "inverse permutation"),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="global"), "all H\\*D rows at once"),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="unchanged"), "unchanged"),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="columns"), "scores of the converted model differ"),
+    ],
+)
+def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):
+    feedback = check(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert not feedback
+    assert re.search(text, feedback.message), feedback.message
+
+
+@pytest.mark.parametrize("check", [check_rotate_half_rope, check_alibi_slopes, check_interleaved_to_halves])
+def test_scaffolds_and_crashes(check):
+    assert check(_scaffold).status == "not attempted"
+    assert check(...).status == "not attempted"
+
+    def crash(*args):
+        raise RuntimeError("boom")
+
+    feedback = check(crash)
+    assert feedback.status == "error" and "boom" in feedback.message and feedback.hint
