@@ -52,6 +52,9 @@ __all__ = [
     "to_markdown",
     "to_csv",
     "main",
+    "GQADecodingResult",
+    "gqa_decoding",
+    "gqa_to_markdown",
 ]
 
 BASELINE = "nn.MultiheadAttention"
@@ -451,7 +454,102 @@ def _parser() -> argparse.ArgumentParser:
                         help="run only these implementations (nn.MultiheadAttention is always run)")
     parser.add_argument("--csv", metavar="FILE", help="also write the table as CSV to FILE ('-' for stdout)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the markdown table to FILE ('-' for stdout)")
+    parser.add_argument("--gqa", action="store_true", help="time one cached decoding step of grouped-query attention "
+                        "for 8, 4, 2 and 1 key/value heads instead (context = the first --length)")
+    parser.add_argument("--window", type=int, default=None, help="with --gqa: a sliding window")
     return parser
+
+
+@dataclass
+class GQADecodingResult:
+    """One decoding step with a cache of ``context`` tokens: time and cache bytes per token, and their
+    ratios to multi-head attention (``num_kv_heads == num_heads``) measured in the same run."""
+
+    num_kv_heads: int
+    window: int | None
+    context: int
+    seconds_per_token: float
+    cache_bytes_per_token: float
+    time_ratio: float
+    cache_ratio: float
+
+
+def gqa_decoding(
+    batch_size: int = 8,
+    context: int = 1024,
+    embed_dim: int = 512,
+    num_heads: int = 8,
+    kv_heads: tuple[int, ...] = (8, 4, 2, 1),
+    window: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    warmup: int = 2,
+    repeats: int = 7,
+    seed: int = 0,
+) -> list[GQADecodingResult]:
+    """Time one cached decoding step of :class:`~attn_course.GroupedQueryAttention` (one new token
+    per sequence, ``context`` tokens already cached) for each number of key/value heads.
+
+    Every variant has the same width and query heads; the first row, with ``num_kv_heads ==
+    num_heads`` (always included), is multi-head attention, the baseline of the ratios. The variants
+    are timed in turns (one step of each per round) and the median over the rounds is reported.
+    ``cache_bytes_per_token`` is the cache's memory divided by the tokens it holds (all of
+    ``context + 1``, or the ``window`` kept when a window is given).
+    """
+    from .gqa import GroupedQueryAttention
+
+    for name, value in (("batch_size", batch_size), ("context", context), ("embed_dim", embed_dim),
+                        ("num_heads", num_heads), ("repeats", repeats)):
+        check_positive_int(name, value)
+    check_positive_int("warmup", warmup, allow_zero=True)
+    device = get_device() if device is None else torch.device(device)
+    heads = [num_heads] + [g for g in kv_heads if g != num_heads]
+    torch.manual_seed(seed)
+    modules = {g: GroupedQueryAttention(embed_dim, num_heads, g, window=window, backend="sdpa").to(device=device, dtype=dtype).eval()
+               for g in heads}
+    prompt = torch.randn(batch_size, context, embed_dim, device=device, dtype=dtype)  # (B, context, E)
+    new_token = torch.randn(batch_size, 1, embed_dim, device=device, dtype=dtype)  # (B, 1, E)
+    caches, filled = {}, {}
+    with torch.no_grad():
+        for g, module in modules.items():
+            caches[g] = module.new_cache(batch_size, max_len=context + 1)
+            module.forward_cached(prompt, caches[g])  # the prefill, untimed
+            filled[g] = caches[g].length
+
+    def step(g):
+        cache = caches[g]
+        cache._lengths = [filled[g]] * len(cache._lengths)  # forget the previous timed token: the same step each time
+        with torch.no_grad():
+            modules[g].forward_cached(new_token, cache)
+        synchronize(device)
+
+    times = {g: [] for g in heads}
+    for round_index in range(warmup + repeats):
+        for g in heads:
+            start = time.perf_counter()
+            step(g)
+            if round_index >= warmup:
+                times[g].append(time.perf_counter() - start)
+    kept = context + 1 if window is None else min(window, context + 1)
+    base_time = statistics.median(times[num_heads])
+    base_bytes = caches[num_heads].nbytes / (batch_size * kept)
+    results = []
+    for g in heads:
+        seconds = statistics.median(times[g])
+        per_token = caches[g].nbytes / (batch_size * kept)
+        results.append(GQADecodingResult(g, window, context, seconds, per_token, seconds / base_time, per_token / base_bytes))
+    return results
+
+
+def gqa_to_markdown(results: list[GQADecodingResult]) -> str:
+    """The decoding results as a markdown table, ratios to multi-head attention of the same run."""
+    lines = ["| key/value heads | window | context | ms per step (B new tokens) | time vs MHA | cache bytes per token | cache vs MHA |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.num_kv_heads} | {r.window or '-'} | {r.context} | {1e3 * r.seconds_per_token:.3f} | "
+                     f"{r.time_ratio:.2f} | {r.cache_bytes_per_token:,.0f} | {r.cache_ratio:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _write(target: str, text: str) -> None:
@@ -466,6 +564,15 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: run the benchmark and print a markdown table."""
     args = _parser().parse_args(argv)
     device = get_device() if args.device is None else torch.device(args.device)
+    if args.gqa:
+        kv_heads = tuple(g for g in (args.heads, 4, 2, 1) if args.heads % g == 0)
+        gqa_results = gqa_decoding(args.batch, args.length[0], args.embed_dim, args.heads, kv_heads, args.window,
+                                   device=device, dtype=_DTYPES[args.dtype], warmup=args.warmup, repeats=args.repeats)
+        print(f"one cached decoding step, {args.dtype}; median of {args.repeats} rounds; {_environment(device)}")
+        print(gqa_to_markdown(gqa_results))
+        if args.markdown:
+            _write(args.markdown, gqa_to_markdown(gqa_results))
+        return 0
     results = []
     for length in args.length:
         results += benchmark(

@@ -142,3 +142,18 @@ def test_main_rejects_unknown_implementations(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--only", "flash"])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_gqa_decoding_reports_ratios_to_multihead_attention():
+    from attn_course.bench import gqa_decoding, gqa_to_markdown
+
+    results = gqa_decoding(batch_size=2, context=16, embed_dim=32, num_heads=8, kv_heads=(4, 1), device="cpu",
+                           warmup=0, repeats=2)
+    assert [r.num_kv_heads for r in results] == [8, 4, 1]  # multi-head attention first, the baseline
+    assert results[0].time_ratio == 1.0 and results[0].cache_ratio == 1.0
+    assert [r.cache_ratio for r in results] == [1.0, 0.5, 0.125]
+    assert all(r.seconds_per_token > 0 for r in results)
+    windowed = gqa_decoding(batch_size=1, context=16, embed_dim=32, num_heads=4, kv_heads=(2,), window=4, device="cpu",
+                            warmup=0, repeats=1)
+    assert windowed[1].cache_bytes_per_token == 2 * 2 * 8 * 4  # keys and values, 2 heads of width 8, float32
+    assert "cache vs MHA" in gqa_to_markdown(results)
