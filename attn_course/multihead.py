@@ -26,6 +26,9 @@ class MultiHeadAttention(nn.Module):
             :func:`attn_course.scaled_dot_product_attention` (for teaching and inspection);
             ``"sdpa"`` calls PyTorch's fused ``F.scaled_dot_product_attention`` and computes the
             weights separately, only when ``need_weights=True``.
+        qk_head_dim: width of each head's queries and keys, the paper's ``d_k`` (Vaswani et al. 2017,
+            Table 3 rows (B)); defaults to ``D = E / H``. The values keep width ``D``, so the output
+            is unchanged in shape; only the query and key projections become ``(E, H * qk_head_dim)``.
 
     Mask convention (as ``nn.MultiheadAttention``): a boolean mask is **True where attending is
     not allowed**; ``key_padding_mask`` is True at padding; a float mask is added to the scores.
@@ -38,7 +41,8 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, backend: str = "reference"
+        self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, backend: str = "reference",
+        qk_head_dim: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("embed_dim", embed_dim)
@@ -53,14 +57,18 @@ class MultiHeadAttention(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        if qk_head_dim is not None:
+            check_positive_int("qk_head_dim", qk_head_dim)
+        self.qk_head_dim = self.head_dim if qk_head_dim is None else qk_head_dim
         self.dropout, self.backend = float(dropout), backend
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.qk_head_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, num_heads * self.qk_head_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
 
     def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, backend={self.backend!r}"
+        text = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, backend={self.backend!r}"
+        return text if self.qk_head_dim == self.head_dim else f"{text}, qk_head_dim={self.qk_head_dim}"
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, backend: str = "reference") -> "MultiHeadAttention":
@@ -113,8 +121,9 @@ class MultiHeadAttention(nn.Module):
         mask = self._merge_masks(key_padding_mask, attn_mask, is_causal, B, L, S, query)  # (B|1, H|1, L, S) or None
 
         # Project, then split the width E into H heads of width D.
-        q = self.q_proj(query).view(B, L, H, D).transpose(1, 2)  # (B, L, E) -> (B, H, L, D)
-        k = self.k_proj(key).view(B, S, H, D).transpose(1, 2)  # (B, S, E) -> (B, H, S, D)
+        Dk = self.qk_head_dim  # D unless the module was built with another qk_head_dim
+        q = self.q_proj(query).view(B, L, H, Dk).transpose(1, 2)  # (B, L, H * Dk) -> (B, H, L, Dk)
+        k = self.k_proj(key).view(B, S, H, Dk).transpose(1, 2)  # (B, S, H * Dk) -> (B, H, S, Dk)
         v = self.v_proj(value).view(B, S, H, D).transpose(1, 2)  # (B, S, E) -> (B, H, S, D)
         dropout_p = self.dropout if self.training else 0.0
 
