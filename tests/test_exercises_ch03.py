@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from attn_course.exercises.ch03 import check_self_attention_by_hand, check_self_attention_module, check_softmax_jacobian
+from attn_course.exercises.ch03 import (
+    check_cross_attention,
+    check_self_attention_by_hand,
+    check_self_attention_module,
+    check_softmax_jacobian,
+)
 
 
 def _scaffold(*args):
@@ -181,3 +186,87 @@ def test_untouched_scaffold_is_not_attempted(check, scaffold):
     feedback = check(scaffold)
     assert feedback.status == "not attempted" and "Not attempted yet" in str(feedback)
     assert not feedback
+
+
+# --- exercise 4, cross-attention on a batch: right answers, and a table of wrong ones -------------
+
+def cross(x_query, x_context, W_query, W_key, W_value, *, scale_width=None, dim=-1, swap=False, transpose_weights=False):
+    queries = x_query @ W_query                                       # (B, L, d_k)
+    keys, values = x_context @ W_key, x_context @ W_value             # (B, S, d_k), (B, S, d_v)
+    if swap:                                                          # K Qᵀ instead of Q Kᵀ
+        scores = keys @ queries.transpose(-2, -1)
+    else:
+        scores = queries @ keys.transpose(-2, -1)
+    divisor = {None: math.sqrt(keys.size(-1)), "d_k": keys.size(-1), "values": math.sqrt(values.size(-1)),
+               "query tokens": math.sqrt(x_query.size(-1)), "one": 1.0}[scale_width]
+    weights = torch.softmax(scores / divisor, dim=dim)
+    if transpose_weights:
+        weights = weights.transpose(-2, -1)
+    return weights @ values if not (swap or transpose_weights) else None, weights
+
+
+def cross_right(xq, xc, Wq, Wk, Wv):
+    return cross(xq, xc, Wq, Wk, Wv)
+
+
+def cross_einsum(xq, xc, Wq, Wk, Wv):
+    # Another way to write it: einsum, the batch-matrix transpose .mT and torch's own attention.
+    q, k, v = xq @ Wq, xc @ Wk, xc @ Wv
+    weights = torch.einsum("bld,bsd->bls", q, k).div(k.size(-1) ** 0.5).softmax(dim=-1)
+    torch.testing.assert_close(weights, torch.softmax(q @ k.mT / k.size(-1) ** 0.5, dim=-1))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v), weights
+
+
+def test_cross_attention_right_answers_pass():
+    for answer in (cross_right, cross_einsum):
+        feedback = check_cross_attention(answer)
+        assert feedback.status == "correct", str(feedback)
+
+
+def _cross_wrong(**kwargs):
+    def answer(xq, xc, Wq, Wk, Wv):
+        weights = cross(xq, xc, Wq, Wk, Wv, **kwargs)[1]
+        return weights @ (xc @ Wv) if weights.shape[-1] == xc.size(1) else torch.zeros(xq.size(0), xq.size(1), Wv.size(1)), weights
+    return answer
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (_cross_wrong(scale_width="one"), "forgot to divide"),
+        (_cross_wrong(scale_width="d_k"), "divide by its square root"),
+        (_cross_wrong(scale_width="values"), "width of the values"),
+        (_cross_wrong(scale_width="query tokens"), "width of the query tokens"),
+        (_cross_wrong(dim=-2), "columns sum to one"),
+        (_cross_wrong(dim=1), "columns sum to one"),
+        (_cross_wrong(dim=0), "over the batch"),
+        (_cross_wrong(swap=True), "(B, S, L)"),
+        (_cross_wrong(transpose_weights=True), "(B, S, L)"),
+        (lambda xq, xc, Wq, Wk, Wv: cross_right(xq, xc, Wq, Wk, Wv)[1], "pair"),
+        (lambda xq, xc, Wq, Wk, Wv: (cross_right(xq, xc, Wq, Wk, Wv)[1] @ (xc @ Wv) * 2, cross_right(xq, xc, Wq, Wk, Wv)[1]), "values differ"),
+        (lambda xq, xc, Wq, Wk, Wv: (cross_right(xq, xc, Wq, Wk, Wv)[0][:, :, :1], cross_right(xq, xc, Wq, Wk, Wv)[1]), "expected shape (3, 4, 2)"),
+    ],
+)
+def test_cross_attention_wrong_answers(answer, text):
+    feedback = check_cross_attention(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert text in feedback.message, feedback.message
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # keys.T on a batch reverses all three axes: the matmul fails.
+        lambda xq, xc, Wq, Wk, Wv: (None, torch.softmax((xq @ Wq) @ (xc @ Wk).T, dim=-1)),
+        # queries taken from the context sequence: the widths do not fit.
+        lambda xq, xc, Wq, Wk, Wv: cross_right(xc, xq, Wq, Wk, Wv),
+    ],
+)
+def test_cross_attention_crashing_answers_give_an_error_feedback(answer):
+    feedback = check_cross_attention(answer)
+    assert feedback.status == "error", str(feedback)
+    assert "transpose(-2, -1)" in str(feedback)
+
+
+def test_cross_attention_scaffold_is_not_attempted():
+    assert check_cross_attention(_scaffold).status == "not attempted"

@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from attn_course.exercises.ch04 import check_batch_mask, check_causal_mask, check_leak_test, check_masked_attention
+from attn_course.exercises.ch04 import (
+    check_batch_mask,
+    check_causal_mask,
+    check_leak_test,
+    check_masked_attention,
+    check_sliding_window_mask,
+)
 
 
 def _scaffold(*args):
@@ -119,21 +125,133 @@ def test_batch_mask_wrong_broadcast_is_caught_even_when_it_runs():
     assert feedback.status in ("incorrect", "error")
 
 
-@pytest.mark.parametrize(
-    "answer, text",
-    [
-        (lambda attention, x: True, "causal self-attention you returned True"),
-        (lambda attention, x: False, "without a mask you returned False"),
-        (lambda attention, x: "no", "True or False"),
-        # Changing only the last token misses a model that peeks at a token in the middle.
-        (lambda attention, x: not torch.equal(attention(torch.cat([x[:, :-1], x[:, -1:] + 1], 1))[:, :-1], attention(x)[:, :-1]), "peeks at token 3"),
-        # A loose tolerance misses the small leak.
-        (lambda attention, x: not torch.allclose(attention(torch.cat([x[:, :1], torch.randn_like(x[:, 1:])], 1))[:, :1], attention(x)[:, :1], atol=1e-2), "peeks"),
-    ],
-)
+def _leak_test(*, start=None, compare=lambda out, t: out[:, : t + 1], tolerance=None, perturb_earlier=False):
+    """A leak test built from one of the ways students write it; the defaults give the right one."""
+    def same(a, b):
+        return torch.equal(a, b) if tolerance is None else torch.allclose(a, b, atol=tolerance)
+
+    def leaks_future(model, x):
+        T = x.size(1)
+        base = model(x)
+        for t in range(T - 1) if start is None else [start]:
+            changed = x.clone()
+            if perturb_earlier:
+                changed[:, : t + 1] = torch.randn_like(changed[:, : t + 1])
+            else:
+                changed[:, t + 1:] = torch.randn_like(changed[:, t + 1:])
+            if not same(compare(model(changed), t), compare(base, t)):
+                return True
+        return False
+    return leaks_future
+
+
+def leaks_one_token_at_a_time(model, x):
+    # A correct alternative: change one later token j at a time, compare every output before it.
+    base = model(x)
+    for j in range(1, x.size(1)):
+        changed = x.clone()
+        changed[:, j] = changed[:, j] + 1.0
+        if not torch.equal(model(changed)[:, :j], base[:, :j]):
+            return True
+    return False
+
+
+def test_leak_test_alternatives_pass():
+    for answer in (
+        leaks_one_token_at_a_time,
+        _leak_test(compare=lambda out, t: out[:, t]),                 # only output t itself, for every t
+        _leak_test(tolerance=1e-6),                                    # allclose with a tolerance far below the leak
+        lambda model, x: torch.tensor(_leak_test()(model, x)),         # a 0-d bool tensor
+    ):
+        feedback = check_leak_test(answer)
+        assert feedback.status == "correct", str(feedback)
+
+
+# The wrong leak tests students write, each with (part of) the message that must name the mistake.
+LEAK_TEST_WRONG_ANSWERS = [
+    (lambda model, x: True, "causal self-attention you returned True"),
+    (lambda model, x: False, "without a mask you returned False"),
+    (lambda model, x: "no", "True or False"),
+    # The issue's example: perturb every later token, compare output 0 only. Every model of the
+    # old check leaked into position 0; the middle peek does not.
+    (_leak_test(start=0), "output 4 peeks at token 5"),
+    (_leak_test(start=0), "not only position 0"),
+    # Change only the last token: misses the peeks from the middle.
+    (lambda model, x: not torch.equal(model(torch.cat([x[:, :-1], x[:, -1:] + 1], 1))[:, :-1], model(x)[:, :-1]), "peeks at token 3"),
+    # A loose tolerance misses the 0.001 leaks.
+    (_leak_test(tolerance=1e-2), "compare exactly"),
+    # Off by one: compare outputs 0..t-1 only, which misses a leak from t + 1 into t.
+    (_leak_test(compare=lambda out, t: out[:, :t]), "also sees the next token"),
+    # Off by one the other way: compare outputs 0..t+1, which include a changed token's own output.
+    (_leak_test(compare=lambda out, t: out[:, : t + 2]), "causal self-attention you returned True"),
+    # Compare the whole output: every model "leaks".
+    (_leak_test(compare=lambda out, t: out), "compare only the positions before it"),
+    # Perturb the past and compare the earlier outputs: the wrong direction.
+    (_leak_test(perturb_earlier=True), "causal self-attention you returned True"),
+    # Only the first sequence of the batch is compared.
+    (_leak_test(compare=lambda out, t: out[0, : t + 1]), "second sequence"),
+]
+
+
+@pytest.mark.parametrize("answer, text", LEAK_TEST_WRONG_ANSWERS)
 def test_leak_test_wrong_answers(answer, text):
     feedback = check_leak_test(answer)
     assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+def test_leak_check_has_a_leaky_model_that_spares_position_0():
+    from attn_course.exercises.ch04 import _attention_models
+
+    E, models = _attention_models()
+    x = torch.randn(2, 7, E, generator=torch.Generator().manual_seed(0))
+    later = x.clone()
+    later[:, 1:] = torch.randn_like(later[:, 1:])
+    spares_0 = [name for name, model, leaks, _ in models if leaks and torch.equal(model(later)[:, 0], model(x)[:, 0])]
+    assert len(spares_0) >= 3, spares_0
+
+
+# --- exercise 5, a sliding-window mask -----------------------------------------------------------
+
+def band(T, window, low=0, high=None, symmetric=False):
+    distance = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # (T, T), query i - key j
+    if symmetric:
+        distance = distance.abs()
+    high = window if high is None else high
+    return (distance >= low) & (distance < high)
+
+
+def window_via_tril(T, window):
+    # A correct alternative: the causal triangle minus the triangle that is too old.
+    ones = torch.ones(T, T, dtype=torch.bool)
+    return ones.tril() & ~ones.tril(-window)
+
+
+def test_sliding_window_right_answers_pass():
+    for answer in (band, window_via_tril, lambda T, w: band(T, w).int().bool()):
+        feedback = check_sliding_window_mask(answer)
+        assert feedback.status == "correct", str(feedback)
+
+
+SLIDING_WINDOW_WRONG_ANSWERS = [
+    (lambda T, w: ~band(T, w), "*blocked*"),
+    (lambda T, w: band(T, w, symmetric=True), "symmetric"),
+    (lambda T, w: band(T, w).T, "looks forward"),
+    (lambda T, w: band(T, w, high=w + 1), "window + 1"),
+    (lambda T, w: band(T, w, high=w - 1), "window - 1"),
+    (lambda T, w: band(T, w, low=1, high=w + 1), "diagonal is missing"),
+    (lambda T, w: torch.ones(T, T, dtype=torch.bool).tril(), "plain causal mask"),
+    (lambda T, w: band(T, w, low=-T), "causal part is missing"),
+    (lambda T, w: band(T, w).float(), "bool tensor"),
+    (lambda T, w: band(T, min(w, 3)), "should be"),
+    (lambda T, w: band(T, w)[:, :-1], "expected shape"),
+]
+
+
+@pytest.mark.parametrize("answer, text", SLIDING_WINDOW_WRONG_ANSWERS)
+def test_sliding_window_wrong_answers(answer, text):
+    feedback = check_sliding_window_mask(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+    assert "Hint:" in str(feedback)
 
 
 # --- crashing answers: an "error" feedback, no traceback ------------------------------------------
@@ -145,6 +263,7 @@ def test_leak_test_wrong_answers(answer, text):
         (check_masked_attention, lambda q, k, v, m: q @ k),
         (check_batch_mask, lambda lengths, T: causal_by_hand(T) & torch.tensor(lengths)[:2]),
         (check_leak_test, lambda attention, x: attention(x[0, 0])),
+        (check_sliding_window_mask, lambda T, w: torch.ones(T, T).tril(w, T)),
     ],
 )
 def test_crashing_answers_give_an_error_feedback(check, answer):
@@ -155,7 +274,7 @@ def test_crashing_answers_give_an_error_feedback(check, answer):
 
 # --- the untouched scaffold is "not attempted" ---------------------------------------------------
 
-@pytest.mark.parametrize("check", [check_causal_mask, check_masked_attention, check_batch_mask, check_leak_test])
+@pytest.mark.parametrize("check", [check_causal_mask, check_masked_attention, check_batch_mask, check_leak_test, check_sliding_window_mask])
 def test_untouched_scaffold_is_not_attempted(check):
     feedback = check(_scaffold)
     assert feedback.status == "not attempted" and "Not attempted yet" in str(feedback)

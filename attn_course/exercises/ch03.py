@@ -10,7 +10,7 @@ from torch import nn
 from ..scaled import scaled_dot_product_attention
 from . import Mismatch, NotAttempted, attempted, call, exercise, expect, expect_close, expect_tensor
 
-__all__ = ["check_self_attention_by_hand", "check_softmax_jacobian", "check_self_attention_module"]
+__all__ = ["check_self_attention_by_hand", "check_softmax_jacobian", "check_self_attention_module", "check_cross_attention"]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5) -> bool:
@@ -126,3 +126,44 @@ def check_self_attention_module(module_class) -> str:
         if grad is None or not bool(grad.abs().sum() > 0):
             raise Mismatch(f"no gradient reaches {name}.weight: compute the output from the layers' outputs, without .detach() or torch.no_grad()")
     return f"the module gives contexts of shape (B, T, d_v) = {tuple(context.shape)}, scaled by sqrt(d_k), and trains all three projections."
+
+
+@exercise(
+    "Exercise 4, cross-attention on a batch",
+    hint="queries = x_query @ W_query (B, L, d_k); keys = x_context @ W_key (B, S, d_k); values = x_context @ W_value (B, S, d_v); "
+    "scores = queries @ keys.transpose(-2, -1) / sqrt(d_k) (B, L, S); softmax over the keys, dim=-1. "
+    "(keys.T on a 3-D batch reverses all three axes: use keys.transpose(-2, -1) or keys.mT)",
+)
+def check_cross_attention(cross_attention) -> str:
+    generator = torch.Generator().manual_seed(35)
+    B, L, S, d_query, d_context, d_k, d_v = 3, 4, 6, 5, 7, 8, 2
+    x_query = torch.randn(B, L, d_query, generator=generator)
+    x_context = torch.randn(B, S, d_context, generator=generator)
+    W_query = torch.randn(d_query, d_k, generator=generator)
+    W_key = torch.randn(d_context, d_k, generator=generator)
+    W_value = torch.randn(d_context, d_v, generator=generator)
+    result = call(cross_attention, x_query.clone(), x_context.clone(), W_query, W_key, W_value)
+    expect(isinstance(result, tuple) and len(result) == 2, f"return a pair (context, weights); got {type(result).__name__}")
+    context, weights = (attempted(r) for r in result)
+    sizes = f"B={B}, L={L} queries, S={S} keys"
+    what = f"weights ({sizes})"
+    weights = expect_tensor(weights, what=what)
+    expect(tuple(weights.shape) != (B, S, L), f"{what}: your weights have shape (B, S, L) = {(B, S, L)}; row i must hold query i's "
+           f"weights over the S keys, shape (B, L, S) = {(B, L, S)}: compute queries @ keysᵀ, not keys @ queriesᵀ")
+    expect_tensor(weights, what=what, shape=(B, L, S))
+    queries = x_query @ W_query  # (B, L, d_query) @ (d_query, d_k) -> (B, L, d_k)
+    keys, values = x_context @ W_key, x_context @ W_value  # (B, S, d_k), (B, S, d_v)
+    scores = queries @ keys.transpose(-2, -1) / math.sqrt(d_k)  # (B, L, d_k) @ (B, d_k, S) -> (B, L, S)
+    expect(not _close(weights, torch.softmax(scores, dim=0)), f"{what}: your softmax runs over the batch (dim=0), so the {B} "
+           "sentences share one distribution; take it over the keys, dim=-1")
+    expect(not _close(weights, torch.softmax(scores * math.sqrt(d_k) / math.sqrt(d_query), dim=-1)),
+           f"{what}: you divided by sqrt({d_query}), the width of the query tokens; the scale comes from the width of queries "
+           f"and keys after projection, sqrt(d_k) = sqrt({d_k})")
+    _diagnose_weights(weights, queries, keys, d_v, what)
+    expected_context, expected_weights = scaled_dot_product_attention(queries, keys, values)
+    expect_close(weights, expected_weights, what=what)
+    what = f"context ({sizes}, d_v={d_v})"
+    expect_tensor(context, what=what, shape=(B, L, d_v))
+    expect_close(context, expected_context, what=what)
+    return (f"queries from one sequence, keys and values from another: weights ({B}, {L}, {S}), one row per query and one "
+            f"column per key, and context ({B}, {L}, {d_v}), one vector of width d_v per query.")

@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from ..masks import causal_mask, combine_masks, padding_mask
+from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
 from ..scaled import SelfAttention, scaled_dot_product_attention
 from . import Mismatch, call, exercise, expect, expect_close, expect_tensor
 
-__all__ = ["check_causal_mask", "check_masked_attention", "check_batch_mask", "check_leak_test"]
+__all__ = ["check_causal_mask", "check_masked_attention", "check_batch_mask", "check_leak_test", "check_sliding_window_mask"]
 
 
 def _show(mask: torch.Tensor) -> str:
@@ -119,7 +119,8 @@ def check_batch_mask(batch_mask) -> str:
 
 
 def _attention_models():
-    """Callables x (B, T, E) -> outputs (B, T, E): which of them let the future leak into the past."""
+    """Callables x (B, T, E) -> outputs (B, T, E), with whether each lets the future leak into the past
+    and, for the leaky ones, what a leak test must do to catch it."""
     torch.manual_seed(42)
     E = 6
     attention = SelfAttention(E, E)
@@ -132,42 +133,116 @@ def _attention_models():
 
     def one_ahead(x):  # each token also sees the next one
         T = x.size(-2)
-        return attention(x, attn_mask=torch.ones(T, T, dtype=torch.bool).tril(1))[0]
+        return attention(x, attn_mask=torch.ones(T, T, dtype=torch.bool, device=x.device).tril(1))[0]
 
     def first_peeks(x):  # causal, except that the first output peeks at token 3
         out = attention(x, is_causal=True)[0].clone()
         out[:, 0] = out[:, 0] + 1e-3 * x[:, 3]
         return out
 
+    def middle_peeks(x):  # causal, except that output 4 peeks at token 5: position 0 never moves
+        out = attention(x, is_causal=True)[0].clone()
+        out[:, 4] = out[:, 4] + 1e-3 * x[:, 5]
+        return out
+
+    def last_leaks(x):  # causal, except that the next-to-last output sees the last token
+        T = x.size(-2)
+        allowed = causal_mask(T, device=x.device)
+        allowed[T - 2, T - 1] = True
+        return attention(x, attn_mask=allowed)[0]
+
+    def second_sequence_peeks(x):  # causal for sequence 0; in sequence 1, output 2 peeks at token 5
+        out = attention(x, is_causal=True)[0].clone()
+        out[1:, 2] = out[1:, 2] + 1e-3 * x[1:, 5]
+        return out
+
     def only_itself(x):
         T = x.size(-2)
-        return attention(x, attn_mask=torch.eye(T, dtype=torch.bool))[0]
+        return attention(x, attn_mask=torch.eye(T, dtype=torch.bool, device=x.device))[0]
 
+    def sliding_window(x):  # causal, each token sees itself and the two before it
+        return attention(x, attn_mask=sliding_window_mask(x.size(-2), 3, device=x.device))[0]
+
+    every_position = "a leak test must compare the outputs at every earlier position, not only position 0"
     return E, [
-        ("causal self-attention", causal, False),
-        ("self-attention without a mask", full, True),
-        ("attention that also sees the next token", one_ahead, True),
-        ("causal attention whose first output peeks at token 3 (by 0.001)", first_peeks, True),
-        ("attention in which each token sees only itself", only_itself, False),
+        ("causal self-attention", causal, False, ""),
+        ("self-attention without a mask", full, True, ""),
+        ("attention that also sees the next token", one_ahead, True,
+         "it leaks from token t + 1 into output t only: after changing the tokens after t, compare outputs 0..t, t included"),
+        ("causal attention whose first output peeks at token 3 (by 0.001)", first_peeks, True,
+         "the leak is 0.001: compare exactly (torch.equal), or with a tolerance far below it"),
+        ("causal attention whose output 4 peeks at token 5 (by 0.001)", middle_peeks, True,
+         f"output 0 never moves in this model: {every_position}, and exactly"),
+        ("attention in which the next-to-last output also sees the last token", last_leaks, True,
+         f"only the last token leaks, and only into output T - 2: {every_position}"),
+        ("causal attention in which output 2 of the second sequence peeks at token 5 (by 0.001)", second_sequence_peeks, True,
+         "the leak is in the second sequence of the batch only: compare every sequence, outputs[:, :t + 1], not outputs[0]"),
+        ("attention in which each token sees only itself", only_itself, False, ""),
+        ("sliding-window causal attention (each token sees itself and the two before it)", sliding_window, False, ""),
     ]
 
 
 @exercise(
     "Exercise 4, a leak test",
     hint="for each position t, copy x, replace every token after t with new random vectors, run the model on both "
-    "and compare outputs[:, :t + 1] with torch.equal (or allclose with a tiny tolerance)",
+    "and compare outputs[:, :t + 1] (every sequence, every position up to t) with torch.equal",
 )
 def check_leak_test(leaks_future) -> str:
     E, models = _attention_models()
     x = torch.randn(2, 7, E, generator=torch.Generator().manual_seed(43))
-    verdicts = []
-    for name, model, leaks in models:
+    for name, model, leaks, how_to_catch in models:
         with torch.no_grad():
             answer = call(leaks_future, model, x.clone())
         if isinstance(answer, torch.Tensor) and answer.numel() == 1:
             answer = bool(answer)
         expect(isinstance(answer, bool), f"leaks_future must return True or False; for the {name} it returned {type(answer).__name__} {answer!r}")
-        expect(answer == leaks, f"for the {name} you returned {answer}, but it {'does' if leaks else 'does not'} let later tokens "
-               f"change earlier outputs")
-        verdicts.append(name)
-    return f"your test tells leaky from causal attention in all {len(verdicts)} models, including one that leaks by only 0.001."
+        if leaks:
+            expect(answer, f"for the {name} you returned False, but later tokens do change earlier outputs there: {how_to_catch}.")
+        else:
+            expect(not answer, f"for the {name} you returned True, but no later token changes an earlier output there. Outputs at "
+                   "and after a changed token may move: compare only the positions before it (change the tokens after t, "
+                   "compare outputs[:, :t + 1]); and change the tokens in x, not the outputs.")
+    n_leaky = sum(leaks for _, _, leaks, _ in models)
+    return (f"your test tells leaky from causal attention in all {len(models)} models: it catches all {n_leaky} leaky ones, "
+            "including a leak of 0.001 that never reaches position 0 and one in the second sequence only.")
+
+
+@exercise(
+    "Exercise 5, a sliding-window mask",
+    hint="compare positions: with i = torch.arange(T)[:, None] (queries) and j = torch.arange(T)[None, :] (keys), "
+    "query i may attend to key j when 0 <= i - j < window",
+)
+def check_sliding_window_mask(sliding_window_mask_by_hand) -> str:
+    for T, window in ((7, 3), (6, 1), (5, 5), (4, 9)):
+        expected = sliding_window_mask(T, window)  # (T, T), True = may attend
+        what = f"sliding_window_mask_by_hand(T={T}, window={window})"
+        got = expect_tensor(call(sliding_window_mask_by_hand, T, window), what=what, shape=(T, T))
+        if got.dtype != torch.bool:
+            raise Mismatch(f"{what} must return a bool tensor (True = may attend), got dtype {got.dtype}. A float mask is "
+                           "*added* to the scores, so 1.0 and 0.0 would block nothing")
+        got = got.cpu()
+        if torch.equal(got, expected):
+            continue
+        query, key = torch.arange(T)[:, None], torch.arange(T)[None, :]  # (T, 1), (1, T)
+        distance = query - key  # (T, T), i - j
+        causal = causal_mask(T)
+        shown = f"You returned\n{_show(got)}\nbut it should be\n{_show(expected)}"
+        expect(not torch.equal(got, ~expected), f"{what}: your mask is True where attending is *blocked* (nn.MultiheadAttention's "
+               "convention); here True must mean 'may attend'")
+        expect(not torch.equal(got, distance.abs() < window), f"{what}: your band is symmetric, so each query also sees the "
+               f"{window - 1} keys after it (the future). Keep only i - j >= 0. {shown}")
+        expect(not torch.equal(got, expected.T), f"{what}: your window looks forward (the upper side of the diagonal): query i "
+               f"sees keys i..i + window - 1. It must look back, at keys i - window + 1..i. {shown}")
+        expect(not torch.equal(got, (distance >= 0) & (distance <= window)), f"{what}: off by one: each query sees window + 1 = "
+               f"{window + 1} keys. The window counts the query itself: keys i - window + 1..i, that is 0 <= i - j < window. {shown}")
+        expect(not torch.equal(got, (distance >= 0) & (distance < window - 1)), f"{what}: off by one: each query sees only "
+               f"window - 1 = {window - 1} keys. The window counts the query itself: 0 <= i - j < window. {shown}")
+        expect(not torch.equal(got, (distance > 0) & (distance <= window)), f"{what}: the diagonal is missing: a query sees "
+               f"itself and the {window - 1} keys before it, not the {window} keys before it. {shown}")
+        expect(not torch.equal(got, causal), f"{what}: this is the plain causal mask: keys more than window - 1 = {window - 1} "
+               f"positions back must be blocked. {shown}")
+        expect(not torch.equal(got, distance < window), f"{what}: the causal part is missing: your mask lets each query see "
+               f"every later key. {shown}")
+        raise Mismatch(f"{what}: {shown}")
+    return ("your mask equals attn_course.sliding_window_mask for T = 7 with window 3, and in the edge cases "
+            "window = 1 and window >= T.")
