@@ -15,13 +15,18 @@ def _scaffold(*args):
 
 # --- right answers, and variants of them ----------------------------------------------------------
 
-def rope(x, positions, base=10000.0, *, layout="halves", sign=1.0, offset=0, exponent=2.0, use_positions=True):
+def rope(x, positions, base=10000.0, *, layout="halves", sign=1.0, offset=0, exponent=2.0, use_positions=True,
+         spread="cat"):
     D = x.size(-1)
     if not use_positions:
         positions = torch.arange(x.size(-2))
     theta = base ** (-exponent * torch.arange(0, D // 2, dtype=torch.float64) / D)  # (D/2,)
     angles = (positions.double() + offset)[:, None] * theta * sign
     cos, sin = angles.cos(), angles.sin()
+    if spread == "repeat_interleave":  # the rotate_half formula with the angles laid out for the interleaved pairs
+        full = angles.repeat_interleave(2, dim=-1)  # (T, D)
+        rotated_half = torch.cat([-x[..., D // 2:], x[..., : D // 2]], dim=-1)
+        return x * full.cos() + rotated_half * full.sin()
     if layout == "halves":
         first, second = x[..., : D // 2], x[..., D // 2:]
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
@@ -38,7 +43,7 @@ def rope_complex(x, positions, base=10000.0):
     return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
 
 
-def slopes(num_heads, *, odd=False, reverse=False, plain=False, above=False):
+def slopes(num_heads, *, odd=False, reverse=False, plain=False, above=False, from_zero=False, negative=False, sort=False):
     def power_of_two(n):
         return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
 
@@ -51,6 +56,12 @@ def slopes(num_heads, *, odd=False, reverse=False, plain=False, above=False):
         n = 2 ** math.floor(math.log2(num_heads))
         extra = power_of_two(2 * n)[1::2] if odd else power_of_two(2 * n)[0::2]
         result = power_of_two(n) + extra[: num_heads - n]
+    if from_zero:  # heads counted from 0: 1, 2 ** (-8 / H), ...
+        result = [2.0 ** (-8.0 * k / num_heads) for k in range(num_heads)]
+    if negative:
+        result = [-s for s in result]
+    if sort:
+        result = sorted(result, reverse=True)
     return result[::-1] if reverse else result
 
 
@@ -94,6 +105,20 @@ def test_float32_rope_passes():
     assert check_rotate_half_rope(lambda x, p, b: rope(x.float(), p, b).float())
 
 
+def test_rope_computed_in_float32_passes():
+    """The hint's formula: torch.arange(0, D, 2) / D is float32, so are the angles, cosines and sines."""
+    def rope_float32(x, positions, base=10000.0):
+        D = x.size(-1)
+        theta = base ** (-torch.arange(0, D, 2) / D)  # float32
+        angles = positions[:, None] * theta  # (T, D/2), float32
+        cos, sin = angles.cos(), angles.sin()
+        first, second = x[..., : D // 2].float(), x[..., D // 2:].float()
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+    feedback = check_rotate_half_rope(rope_float32)
+    assert feedback.status == "correct", str(feedback)
+
+
 # --- wrong answers say what is wrong --------------------------------------------------------------
 
 @pytest.mark.parametrize(
@@ -102,9 +127,12 @@ def test_float32_rope_passes():
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, layout="interleaved"), "interleaved layout"),
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, sign=-1.0), "wrong way"),
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, offset=1), "off by one"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, offset=-1), "off by one"),
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, exponent=1.0), "base \\*\\* \\(-i / D\\)"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, exponent=4.0), "full\\s+head width D"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, spread="repeat_interleave"), "share theta_i"),
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, use_positions=False), "ignore the positions"),
-        (check_rotate_half_rope, lambda x, p, b: rope(x, p, 10000.0), "values differ"),  # ignores base
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, 10000.0), "ignore the base"),
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, b)[..., :-1], "expected shape"),
         (check_rotate_half_rope, lambda x, p, b: x, "values differ"),  # no rotation at all
         (check_alibi_slopes, lambda h: slopes(h, reverse=True), "reverse order"),
@@ -113,6 +141,9 @@ def test_float32_rope_passes():
         (check_alibi_slopes, lambda h: slopes(h, above=True), "power of two above"),
         (check_alibi_slopes, lambda h: [1.0 / 2 ** k for k in range(1, h + 1)], "power of two"),  # 1/2, 1/4... for any H
         (check_alibi_slopes, lambda h: slopes(h)[:-1], "expected shape"),
+        (check_alibi_slopes, lambda h: slopes(h, from_zero=True), "counts heads from 1"),
+        (check_alibi_slopes, lambda h: slopes(h, negative=True), "negative"),
+        (check_alibi_slopes, lambda h: slopes(h, sort=True), "sorted"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="inverse"), "inverse permutation"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="global"), "all H\\*D rows at once"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="unchanged"), "unchanged"),

@@ -18,7 +18,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @exercise(
-    "Exercise 1, rotary embeddings in the Llama layout",
+    "Exercise 1, rotary embeddings in the half layout (GPT-NeoX, Hugging Face Llama)",
     hint="theta = base ** (-torch.arange(0, D, 2) / D); angle = positions[:, None] * theta; with "
     "x1, x2 = x[..., :D//2], x[..., D//2:] return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)",
 )
@@ -26,7 +26,7 @@ def check_rotate_half_rope(rope) -> str:
     generator = torch.Generator().manual_seed(9)
     D, T = 8, 6
     x = torch.randn(3, T, D, generator=generator, dtype=torch.float64)
-    for positions, base in ((torch.arange(T), 10000.0), (torch.tensor([7, 3, 0, 12, 40, 5]), 100.0)):
+    for positions, base in ((torch.arange(T), 10000.0), (torch.tensor([7, 3, 0, 12, 40, 5]), 500.0)):
         got = call(rope, x.clone(), positions.clone(), base)
         what = f"rope(x, positions={positions.tolist()}, base={base:g}) for x of shape {tuple(x.shape)}"
         got = expect_tensor(got, what=what, shape=x.shape).double()
@@ -35,11 +35,15 @@ def check_rotate_half_rope(rope) -> str:
             continue
         if _close(got, apply_rotary_embedding(x, positions, base=base, interleaved=True)):
             raise Mismatch(f"{what}: you rotated neighbouring pairs (0, 1), (2, 3), ...: that is the interleaved "
-                           "layout of the paper. The Llama layout pairs coordinate i with i + D/2.")
+                           "layout of the paper. The half layout pairs coordinate i with i + D/2.")
         if _close(got, apply_rotary_embedding(x, -positions, base=base, interleaved=False)):
             raise Mismatch(f"{what}: you rotate the wrong way (the sign of the sines is flipped)")
-        if _close(got, apply_rotary_embedding(x, positions + 1, base=base, interleaved=False)):
-            raise Mismatch(f"{what}: your positions are off by one; the first position is 0 and is not rotated")
+        for shift in (1, -1):
+            if _close(got, apply_rotary_embedding(x, positions + shift, base=base, interleaved=False)):
+                raise Mismatch(f"{what}: your positions are off by one (you rotated by positions {shift:+d}); "
+                               "rotate each vector by its position as given, so that position 0 is not rotated")
+        if base != 10000.0 and _close(got, apply_rotary_embedding(x, positions, interleaved=False)):
+            raise Mismatch(f"{what}: you ignore the base argument and use 10000; the frequencies are base ** (-2i / D)")
         if _close(got, apply_rotary_embedding(x, torch.arange(T), base=base, interleaved=False)):
             raise Mismatch(f"{what}: you ignore the positions argument and use 0, 1, 2, ... instead")
         half_freq = base ** (-torch.arange(0, D // 2, dtype=torch.float64) / D)  # base ** (-i / D)
@@ -49,8 +53,21 @@ def check_rotate_half_rope(rope) -> str:
         if _close(got, wrong_exponent):
             raise Mismatch(f"{what}: your frequencies are base ** (-i / D); they are base ** (-2i / D), "
                            "i = 0 .. D/2 - 1 (torch.arange(0, D, 2) / D)")
+        quarter_freq = base ** (-4.0 * torch.arange(0, D // 2, dtype=torch.float64) / D)  # base ** (-2i / (D/2))
+        angles = positions.double()[:, None] * quarter_freq
+        if _close(got, torch.cat([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], -1)):
+            raise Mismatch(f"{what}: your frequencies are base ** (-2i / (D/2)); the exponent divides by the full "
+                           "head width D: base ** (-2i / D)")
+        full_angles = (positions.double()[:, None] * base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+                       ).repeat_interleave(2, dim=-1)  # (T, D): theta_0, theta_0, theta_1, theta_1, ...
+        rotate_half = torch.cat([-x2, x1], dim=-1)
+        if _close(got, x * full_angles.cos() + rotate_half * full_angles.sin()):
+            raise Mismatch(f"{what}: you paired the halves but spread the angles in the interleaved way "
+                           "(repeat_interleave: theta_0, theta_0, theta_1, ...); in the half layout coordinates i "
+                           "and i + D/2 share theta_i, so the angles are torch.cat([angles, angles], dim=-1)")
         expect_close(got, expected, what=what, atol=1e-6)
-    return "your rotation equals attn_course.apply_rotary_embedding(x, positions, interleaved=False), the GPT-NeoX/Llama layout."
+    return ("your rotation equals attn_course.apply_rotary_embedding(x, positions, interleaved=False), the layout of "
+            "the GPT-NeoX code and of Hugging Face's Llama.")
 
 
 @exercise(
@@ -71,6 +88,15 @@ def check_alibi_slopes(slopes_fn) -> str:
             continue
         if _close(got, expected.flip(0)):
             raise Mismatch(f"{what}: your slopes are in reverse order; the first head has the largest slope")
+        if _close(got, -expected):
+            raise Mismatch(f"{what}: your slopes are negative; the slopes are positive, and the bias subtracts them: "
+                           "-m_h * (i - j)")
+        if _close(got, torch.tensor([2.0 ** (-8.0 * k / num_heads) for k in range(num_heads)], dtype=torch.float64)):
+            raise Mismatch(f"{what}: your first slope is 1 = 2 ** 0: the exponent counts heads from 1, "
+                           f"2 ** (-8 * k / H) for k = 1 .. H, so the first slope is 2 ** (-8 / H)")
+        if num_heads & (num_heads - 1) and _close(got, expected.sort(descending=True).values):
+            raise Mismatch(f"{what}: you sorted the slopes; the paper keeps the {2 ** int(math.floor(math.log2(num_heads)))} "
+                           "slopes of the power of two first and appends the extra ones after them")
         plain = torch.tensor([2.0 ** (-8.0 * (k + 1) / num_heads) for k in range(num_heads)], dtype=torch.float64)
         if _close(got, plain):
             raise Mismatch(f"{what}: 2 ** (-8k / H) is right only when H is a power of two; for H = {num_heads} "
@@ -113,7 +139,7 @@ def check_interleaved_to_halves(convert) -> str:
     new_k = expect_tensor(call(convert, weight_k.clone(), H), what="interleaved_to_halves(weight_k, num_heads=3)", shape=(H * D, E))
     got = _per_head_scores(new_q.double(), new_k.double(), x, H, interleaved=False)
     if _close(got, expected):
-        return ("with your permuted weights the Llama layout gives exactly the scores the interleaved model gave: "
+        return ("with your permuted weights the half layout gives exactly the scores the interleaved model gave: "
                 "the same model, stored the other way.")
     evens_odds = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
     inverse = torch.argsort(evens_odds)
