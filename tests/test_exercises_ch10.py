@@ -22,6 +22,10 @@ def cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_p
         kept = seq_len
     if mistake == "window always":
         kept = window if window is not None else seq_len
+    if mistake in ("window + 1", "window - 1") and window is not None:
+        kept = min(seq_len, window + (1 if mistake == "window + 1" else -1))
+    if mistake == "no batch":
+        batch_size = 1
     factor = 1 if mistake == "no values" else 2
     return factor * num_layers * batch_size * num_kv_heads * kept * head_dim * bytes_per_number
 
@@ -31,6 +35,12 @@ def grouped_attention(q, k, v, *, mistake=None):
     group = H // k.size(1)
     if mistake == "tile":
         k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+    elif mistake == "h // G":  # the number of groups taken for the group size
+        owner = torch.arange(H) // k.size(1)
+        k, v = k[:, owner], v[:, owner]
+    elif mistake == "index h % G":
+        owner = torch.arange(H) % k.size(1)
+        k, v = k[:, owner], v[:, owner]
     else:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = q @ k.transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(D))
@@ -84,6 +94,8 @@ def receptive_field(num_layers, window, seq_len, *, mistake=None):
         return num_layers * (window - 1) + 1
     if mistake == "one layer":
         return min(seq_len, window)
+    if mistake == "without itself":
+        return min(seq_len, num_layers * (window - 1))
     return min(seq_len, num_layers * (window - 1) + 1)
 
 
@@ -108,8 +120,14 @@ def test_float32_grouped_attention_passes():
         (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="ignore window"), "ignored the window"),
         (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="window always"), "longer than the sequence"),
         (check_gqa_cache_bytes, lambda *a: cache_bytes(*a) + 1, "expected"),
+        (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="window + 1"), "off by one"),
+        (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="window - 1"), "off by one"),
+        (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="no batch"), "left out the batch"),
+        (check_gqa_cache_bytes, lambda *a: cache_bytes(*a) / 2**30, "expected"),  # GiB, not bytes
         (check_gqa_cache_bytes, lambda *a: str(cache_bytes(*a)), "return a number"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="tile"), "repeat_interleave"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="index h % G"), "repeat_interleave"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="h // G"), "group size is H // G"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no scale"), "sqrt\\(D\\)"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no mask"), "causal mask"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v)[:, :2], "expected shape"),
@@ -121,6 +139,7 @@ def test_float32_grouped_attention_passes():
         (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="no clamp"), "start of the sequence"),
         (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="one layer"), "one layer's view"),
         (check_receptive_field, lambda n, w, s: float(receptive_field(n, w, s)), "return an int"),
+        (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="without itself"), "one short"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):

@@ -18,7 +18,7 @@ __all__ = ["check_gqa_cache_bytes", "check_grouped_attention", "check_mean_pool_
 )
 def check_gqa_cache_bytes(cache_bytes) -> str:
     cases = [  # (num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_number, window)
-        (32, 8, 128, 4096, 1, 2, None),  # a Llama-2-70B-like layer stack: 8 kv heads
+        (32, 8, 128, 4096, 1, 2, None),  # 32 layers, 8 kv heads of width 128 (Llama 3 8B, Mistral 7B)
         (32, 8, 128, 32768, 1, 2, 4096),  # Mistral 7B: window 4096
         (2, 1, 16, 100, 3, 4, None),
         (2, 2, 16, 10, 3, 4, 64),  # a window longer than the sequence
@@ -37,10 +37,16 @@ def check_gqa_cache_bytes(cache_bytes) -> str:
             raise Mismatch(f"{what} = {got:,}: you ignored the window; only the last {window} positions are kept")
         if window is not None and got == expected // kept * window != expected:
             raise Mismatch(f"{what} = {got:,}: the window is longer than the sequence here, so only {seq_len} positions are stored")
+        if window is not None and window < seq_len and got in (expected // kept * (window + 1), expected // kept * (window - 1)):
+            raise Mismatch(f"{what} = {got:,}: the window is off by one; the cache keeps exactly the last {window} positions")
+        if batch_size > 1 and got == expected // batch_size:
+            raise Mismatch(f"{what} = {got:,}: you left out the batch; every sequence of the batch has its own cache")
         expect(got == expected, f"{what}: expected {expected:,} bytes, got {got:,}")
-    mha = 2 * 32 * 64 * 4096 * 128 * 2
-    return (f"right. With 8 key/value heads instead of 64, a 4096-token cache of that 80-layer-class model's first 32 layers "
-            f"takes {cases[0][1] * 2 * 32 * 4096 * 128 * 2 / 2**30:.2f} GiB instead of {mha / 2**30:.0f} GiB.")
+    windowed = 2 * 32 * 8 * 4096 * 128 * 2  # 32 layers, 8 kv heads of width 128, 4096 positions kept, float16
+    full_mha = 2 * 32 * 32 * 32768 * 128 * 2  # the same model with 32 key/value heads and no window, 32k positions
+    return (f"right. A 32k-token conversation of a 32-layer model with 8 key/value heads of width 128 and a 4,096-token "
+            f"window takes {windowed / 2**30:.2f} GiB in float16; with 32 key/value heads and no window it would take "
+            f"{full_mha / 2**30:.0f} GiB.")
 
 
 @exercise(
@@ -50,7 +56,12 @@ def check_gqa_cache_bytes(cache_bytes) -> str:
 )
 def check_grouped_attention(grouped_attention) -> str:
     generator = torch.Generator().manual_seed(11)
-    B, H, G, L, D = 2, 6, 2, 5, 4
+    for B, H, G, L, D in ((1, 8, 4, 4, 2), (2, 6, 2, 5, 4)):  # groups of 2 (where h // G is a valid, wrong index), then of 3
+        _check_grouped_case(grouped_attention, generator, B, H, G, L, D)
+    return "your grouping is the one of F.scaled_dot_product_attention(..., enable_gqa=True): query head h reads key/value head h // (H / G)."
+
+
+def _check_grouped_case(grouped_attention, generator, B, H, G, L, D) -> None:
     q = torch.randn(B, H, L, D, generator=generator, dtype=torch.float64)
     k = torch.randn(B, G, L, D, generator=generator, dtype=torch.float64)
     v = torch.randn(B, G, L, D, generator=generator, dtype=torch.float64)
@@ -68,16 +79,20 @@ def check_grouped_attention(grouped_attention) -> str:
     group = H // G
     expected = attention(k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
     if torch.allclose(got, expected, atol=1e-6):
-        return "your grouping is the one of F.scaled_dot_product_attention(..., enable_gqa=True): query head h reads key/value head h // (H / G)."
+        return
     if torch.allclose(got, attention(k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)), atol=1e-6):
-        raise Mismatch("you tiled the key/value heads (0, 1, 0, 1, 0, 1) with .repeat; query head h must read key/value "
-                       "head h // (H / G), so each head is repeated in place: 0, 0, 0, 1, 1, 1 (repeat_interleave)")
+        raise Mismatch(f"{what}: you tiled the key/value heads (0, 1, 0, 1, ...: head h % G) with .repeat; query head h "
+                       "must read key/value head h // (H / G), so each head is repeated in place: 0, 0, 0, 1, 1, 1 "
+                       "(repeat_interleave)")
+    by_g = torch.arange(H) // G  # the number of groups taken for the group size
+    if int(by_g.max()) < G and torch.allclose(got, attention(k[:, by_g], v[:, by_g]), atol=1e-6):
+        raise Mismatch(f"{what}: query head h read key/value head h // G; the group size is H // G = {group}, so it is "
+                       "h // (H // G)")
     if torch.allclose(got, attention(k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), scale=False), atol=1e-6):
-        raise Mismatch("the scores are not divided by sqrt(D)")
+        raise Mismatch(f"{what}: the scores are not divided by sqrt(D)")
     if torch.allclose(got, attention(k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), masked=False), atol=1e-6):
-        raise Mismatch("every query sees every key: apply the causal mask (query i sees keys 0..i)")
+        raise Mismatch(f"{what}: every query sees every key: apply the causal mask (query i sees keys 0..i)")
     expect_close(got, expected, what=what, atol=1e-6)
-    return ""
 
 
 @exercise(
@@ -124,6 +139,9 @@ def check_receptive_field(receptive_field) -> str:
             raise Mismatch(f"{what} = {got}: layers x window counts the token itself once per layer; each layer adds window - 1")
         if got == num_layers * (window - 1) + 1 != expected:
             raise Mismatch(f"{what} = {got}: a token cannot see further back than the start of the sequence (seq_len)")
+        if got == expected - 1 and expected < seq_len:
+            raise Mismatch(f"{what} = {got}: one short; count the last position itself too (one layer with window "
+                           f"{window} sees {window} positions)")
         if got == min(seq_len, window) != expected:
             raise Mismatch(f"{what} = {got}: that is one layer's view; stacked layers relay information further")
         expect(got == expected, f"{what}: expected {expected}, got {got}")
