@@ -1,4 +1,4 @@
-"""The explorable builder and the exercise-check machinery (chapter 02's checks as the example)."""
+"""The explorable builder and the exercise-check machinery (chapter 02's checks are in test_exercises_ch02.py)."""
 
 import ipywidgets as widgets
 import matplotlib
@@ -10,7 +10,6 @@ import torch
 
 import attn_course as ac
 from attn_course.exercises import Feedback, call, exercise, expect_close
-from attn_course.exercises.ch02 import check_batched_self_attention, check_hard_attention, check_stable_softmax
 
 
 def _figure(**values):
@@ -83,44 +82,3 @@ def test_feedback_statuses(answer, status, text):
     assert "Traceback" not in str(feedback)
     if status in ("incorrect", "error"):
         assert "Hint: add one" in str(feedback)
-
-
-def _scaffold(*args):
-    ...
-
-
-def test_ch02_checks_right_answers():
-    def stable_softmax(s):
-        e = torch.exp(s - s.max(-1, keepdim=True).values)
-        return e / e.sum(-1, keepdim=True)
-
-    def batched(x):
-        w = torch.softmax(x @ x.transpose(-2, -1), -1)
-        return w @ x, w
-
-    def hard(x):
-        w = torch.nn.functional.one_hot((x @ x.T).argmax(-1), x.size(0)).float()
-        return w @ x, w
-
-    assert check_stable_softmax(stable_softmax)
-    assert check_batched_self_attention(batched)
-    assert check_hard_attention(hard)
-
-
-def test_ch02_checks_wrong_answers_say_what_is_wrong():
-    naive = check_stable_softmax(lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True))
-    assert naive.status == "incorrect" and "overflow" in naive.message
-    wrong_axis = check_batched_self_attention(lambda x: (torch.softmax(x @ x.transpose(-2, -1), 0) @ x, torch.softmax(x @ x.transpose(-2, -1), 1)))
-    assert wrong_axis.status == "incorrect" and "wrong axis" in wrong_axis.message
-    single = check_batched_self_attention(lambda x: torch.softmax(x @ x.transpose(-2, -1), -1))
-    assert single.status == "incorrect" and "pair" in single.message
-    soft = check_hard_attention(lambda x: (torch.softmax(x @ x.T, -1) @ x, torch.softmax(x @ x.T, -1)))
-    assert soft.status == "incorrect" and "one-hot" in soft.message
-    crash = check_hard_attention(lambda x: x.T @ x @ x)
-    assert crash.status == "error" and "RuntimeError" in crash.message
-
-
-@pytest.mark.parametrize("check", [check_stable_softmax, check_batched_self_attention, check_hard_attention])
-def test_ch02_checks_untouched_scaffold_is_not_attempted(check):
-    feedback = check(_scaffold)
-    assert feedback.status == "not attempted" and "Not attempted yet" in str(feedback)

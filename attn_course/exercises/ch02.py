@@ -1,75 +1,307 @@
-"""Checks for the exercises of chapter 02, simple self-attention."""
+"""Checks for the exercises of chapter 02, simple self-attention.
+
+Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and
+names the mistake when it recognises one; the table of those mistakes is in
+tests/test_exercises_ch02.py.
+"""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from ..simple import simple_self_attention
-from . import call, exercise, expect, expect_close, expect_tensor
+from . import Mismatch, _StudentCodeFailed, call, exercise, expect, expect_close, expect_tensor
 
-__all__ = ["check_stable_softmax", "check_batched_self_attention", "check_hard_attention"]
+__all__ = [
+    "check_stable_softmax",
+    "check_batched_self_attention",
+    "check_attention_without_self",
+    "check_cosine_self_attention",
+]
+
+
+class _SoftmaxCalled(Exception):
+    """Raised inside the student's code when it calls a library softmax the exercise asks not to use."""
+
+
+@contextlib.contextmanager
+def _library_softmax_forbidden():
+    """Make torch's softmax functions raise while the student's function runs, then restore them."""
+    def refuse(*args, **kwargs):
+        raise _SoftmaxCalled
+
+    modules = [(torch, "softmax"), (torch.nn.functional, "softmax"), (torch.special, "softmax")]
+    saved = [getattr(module, name) for module, name in modules]
+    had_own_method = "softmax" in vars(torch.Tensor)  # otherwise Tensor inherits it from torch._C.TensorBase
+    own_method = vars(torch.Tensor).get("softmax")
+    for module, name in modules:
+        setattr(module, name, refuse)
+    torch.Tensor.softmax = refuse
+    try:
+        yield
+    finally:
+        for (module, name), function in zip(modules, saved):
+            setattr(module, name, function)
+        if had_own_method:
+            torch.Tensor.softmax = own_method
+        else:
+            del torch.Tensor.softmax
+
+
+def _rows_sum_to_one(weights: torch.Tensor) -> bool:
+    w = weights.detach().double()
+    return bool(torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=1e-5))
+
+
+def _columns_sum_to_one(weights: torch.Tensor) -> bool:
+    w = weights.detach().double()
+    return bool(torch.allclose(w.sum(-2), torch.ones_like(w.sum(-2)), atol=1e-5))
+
+
+def _pair(result, what: str):
+    expect(isinstance(result, tuple) and len(result) == 2,
+           f"{what}: return a pair (context, weights); got {type(result).__name__}")
+    return result
 
 
 @exercise(
     "Exercise 1, a softmax that does not overflow",
-    hint="subtract each row's maximum (keepdim=True) before torch.exp, then divide by the row sum",
+    hint="m = scores.max(dim=-1, keepdim=True).values is each row's maximum, shape (..., 1); "
+         "e = torch.exp(scores - m); return e / e.sum(dim=-1, keepdim=True)",
 )
 def check_stable_softmax(stable_softmax) -> str:
+    def run(scores: torch.Tensor, what: str) -> torch.Tensor:
+        try:
+            with _library_softmax_forbidden():
+                got = call(stable_softmax, scores.clone())
+        except _StudentCodeFailed as failed:
+            if isinstance(failed.error, _SoftmaxCalled):
+                raise Mismatch("you called torch.softmax (or F.softmax, or Tensor.softmax): the exercise is to write "
+                               "it yourself, with torch.exp and .sum") from None
+            raise
+        got = expect_tensor(got, what=what, shape=scores.shape)
+        want = torch.softmax(scores, dim=-1)
+        flat = got.detach().double()
+        if bool(torch.isfinite(flat).all()) and bool(torch.allclose(flat, flat[..., :1].expand_as(flat), atol=1e-6)) \
+                and not bool(torch.allclose(want, want[..., :1].expand_as(want))):
+            raise Mismatch(f"{what}: every weight of a row is the same, which the scores do not call for. "
+                           "Did you clamp the scores before torch.exp? Clamping changes their differences, "
+                           "and a softmax depends only on those: subtract each row's maximum instead")
+        return got
+
     generator = torch.Generator().manual_seed(1)
+    # 1. A square matrix: the axis, and keepdim (without it, the row maxima or sums broadcast along the
+    #    wrong axis, which only a square matrix lets run).
+    square = torch.randn(4, 4, generator=generator) * 3
+    what = "stable_softmax(x) for x of shape (4, 4)"
+    got = run(square, what).detach().double()
+    if _columns_sum_to_one(got) and not _rows_sum_to_one(got):
+        raise Mismatch(f"{what}: your columns sum to one, not your rows: normalise over the last axis, dim=-1")
+    row_max = square.max(dim=-1, keepdim=True).values
+    no_keepdim = {
+        "max": torch.exp(square - row_max[:, 0]) / torch.exp(square - row_max[:, 0]).sum(-1, keepdim=True),
+        "sum": torch.exp(square - row_max) / torch.exp(square - row_max).sum(-1),
+        "max and sum": torch.exp(square - row_max[:, 0]) / torch.exp(square - row_max[:, 0]).sum(-1),
+    }
+    for where, wrong in no_keepdim.items():
+        if torch.allclose(got, wrong.double(), atol=1e-6):
+            raise Mismatch(f"{what}: without keepdim=True, the row {where} of shape (4,) broadcast along the last "
+                           "axis, so row i's value was applied to column i. Keep the axis: .max(dim=-1, keepdim=True), "
+                           ".sum(dim=-1, keepdim=True)")
+    expect_close(got, torch.softmax(square, dim=-1), what=what)
+    # 2. A matrix that is not square.
     small = torch.randn(3, 5, generator=generator)
-    expect_close(call(stable_softmax, small), torch.softmax(small, dim=-1), what="stable_softmax(x) for x of shape (3, 5)")
-    large = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, 0.0, 1000.0]])
-    got = expect_tensor(call(stable_softmax, large), what="stable_softmax on scores near ±1000", shape=large.shape)
-    expect(
-        bool(torch.isfinite(got).all()),
-        "on scores like [1000, 1001, 1002] your result contains inf or NaN: exp(1000) overflows float32",
-    )
-    expect_close(got, torch.softmax(large, dim=-1), what="stable_softmax on scores near ±1000")
-    return "your softmax matches torch.softmax, also on scores of ±1000."
+    expect_close(run(small, "stable_softmax(x) for x of shape (3, 5)"), torch.softmax(small, dim=-1),
+                 what="stable_softmax(x) for x of shape (3, 5)")
+    # 3. Any number of leading axes, and a 1-D vector.
+    cube = torch.randn(2, 3, 4, generator=generator)
+    what = "stable_softmax(x) for x of shape (2, 3, 4)"
+    got = run(cube, what)
+    if torch.allclose(got.detach().double(), torch.softmax(cube, dim=1).double(), atol=1e-6):
+        raise Mismatch(f"{what}: you normalised over axis 1, which is the last axis only for a matrix; "
+                       "for a tensor of any shape use dim=-1")
+    expect_close(got, torch.softmax(cube, dim=-1), what=what)
+    vector = torch.tensor([1000.0, 1001.0, 1002.0])
+    got = run(vector, "stable_softmax of the vector [1000, 1001, 1002]")
+    expect(bool(torch.isfinite(got).all()),
+           "on the vector [1000, 1001, 1002] your result contains inf or NaN: exp(1000) overflows float32; "
+           "subtract the maximum before torch.exp")
+    expect_close(got, torch.softmax(vector, dim=-1), what="stable_softmax of the vector [1000, 1001, 1002]")
+    # 4. Rows whose maxima are far apart: one maximum for the whole tensor underflows the low row to 0 / 0.
+    apart = torch.tensor([[1000.0, 1001.0], [-1000.0, -999.0]])
+    what = "stable_softmax of [[1000, 1001], [-1000, -999]]"
+    got = run(apart, what)
+    if bool(torch.isnan(got[1]).any()) and not bool(torch.isnan(got[0]).any()):
+        raise Mismatch(f"{what}: the second row is NaN. You subtracted one maximum for the whole tensor (1001): "
+                       "exp(-2000) is 0 in float32, so that row became 0 / 0. Subtract each row's own maximum")
+    expect(bool(torch.isfinite(got).all()),
+           f"{what}: your result contains inf or NaN: exp of a large score overflows float32; "
+           "subtract each row's maximum before torch.exp")
+    expect_close(got, torch.softmax(apart, dim=-1), what=what)
+    # 5. A row that spans 200: shifting by anything but the maximum leaves an exponent above 88.
+    wide = torch.tensor([[-100.0, 0.0, 100.0], [3.0, 1.0, 2.0]])
+    what = "stable_softmax of [[-100, 0, 100], [3, 1, 2]]"
+    got = run(wide, what)
+    if not bool(torch.isfinite(got[0]).all()):
+        raise Mismatch(f"{what}: the first row contains inf or NaN. Subtracting the row's minimum (or anything but its "
+                       "maximum) leaves exp(200), which overflows float32 (above exp(88.7)); subtract the maximum, "
+                       "so that every exponent is at most 0")
+    expect_close(got, torch.softmax(wide, dim=-1), what=what)
+    return "your softmax matches torch.softmax over the last axis of any shape, also on scores of ±1000."
 
 
 @exercise(
     "Exercise 2, simple self-attention for a batch",
-    hint="transpose only the last two axes (x.transpose(-2, -1)), and take the softmax over dim=-1",
+    hint="x.transpose(-2, -1) swaps only the last two axes ((B, T, E) -> (B, E, T)), whereas x.T reverses all "
+         "three; scores = x @ x.transpose(-2, -1); softmax over dim=-1 (the keys); context = weights @ x",
 )
 def check_batched_self_attention(batched_self_attention) -> str:
     generator = torch.Generator().manual_seed(2)
-    x = torch.randn(2, 4, 3, generator=generator)
-    result = call(batched_self_attention, x)
-    expect(
-        isinstance(result, tuple) and len(result) == 2,
-        f"return a pair (context, weights); got {type(result).__name__}",
-    )
-    context, weights = result
+    B, T, E = 2, 4, 3
+    x = torch.randn(B, T, E, generator=generator)
+    x[1] *= 2.0  # the two sequences differ in scale, so that weights that mix the batch show
+    what = "weights for x of shape (B=2, T=4, E=3)"
+    context, weights = _pair(call(batched_self_attention, x.clone()), "batched_self_attention(x)")
     expected_context, expected_weights = simple_self_attention(x)
-    expect_tensor(weights, what="weights for x of shape (B=2, T=4, E=3)", shape=(2, 4, 4))
-    column_sums = weights.sum(dim=-2)
-    if torch.allclose(column_sums, torch.ones_like(column_sums)) and not torch.allclose(weights.sum(-1), torch.ones(2, 4)):
-        expect(False, "your weights' columns sum to one, not their rows: the softmax ran over the wrong axis")
-    expect_close(weights, expected_weights, what="weights for x of shape (B=2, T=4, E=3)")
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, T, E) and \
+            isinstance(context, torch.Tensor) and tuple(context.shape) == (B, T, T):
+        raise Mismatch("return (context, weights) in that order: context is (B, T, E), weights (B, T, T)")
+    weights = expect_tensor(weights, what=what, shape=(B, T, T))
+    w = weights.detach().double()
+    if _columns_sum_to_one(w) and not _rows_sum_to_one(w):
+        raise Mismatch(f"{what}: your weights' columns sum to one, not their rows: the softmax ran over the queries "
+                       "(dim=1 or dim=-2); normalise over the keys, dim=-1")
+    if torch.allclose(w.sum(0), torch.ones(T, T, dtype=torch.float64), atol=1e-5):
+        raise Mismatch(f"{what}: your weights sum to one across the batch (dim=0): each sequence must attend "
+                       "only within itself; normalise over the keys, dim=-1")
+    expect_close(weights, expected_weights, what=what)
+    context = expect_tensor(context, what="context for x of shape (B=2, T=4, E=3)", shape=(B, T, E))
     expect_close(context, expected_context, what="context for x of shape (B=2, T=4, E=3)")
+    # A batch of one and a longer sequence: nothing may depend on B = 2 or T = 4.
+    other = torch.randn(1, 6, 5, generator=generator)
+    got = _pair(call(batched_self_attention, other.clone()), "batched_self_attention(x) for x of shape (1, 6, 5)")
+    expected_context, expected_weights = simple_self_attention(other)
+    expect_close(got[1], expected_weights, what="weights for x of shape (B=1, T=6, E=5)")
+    expect_close(got[0], expected_context, what="context for x of shape (B=1, T=6, E=5)")
     return "both the weights (B, T, T) and the context vectors (B, T, E) are right for every sequence in the batch."
 
 
+def _without_self(x: torch.Tensor):
+    scores = x @ x.transpose(-2, -1)  # (..., T, T)
+    diagonal = torch.eye(x.size(-2), dtype=torch.bool, device=x.device)  # (T, T), True on the diagonal
+    weights = torch.softmax(scores.masked_fill(diagonal, float("-inf")), dim=-1)  # (..., T, T)
+    return weights @ x, weights  # (..., T, E)
+
+
 @exercise(
-    "Exercise 3, hard attention",
-    hint="scores = x @ x.T; weights = torch.nn.functional.one_hot(scores.argmax(dim=-1), T).to(x.dtype)",
+    "Exercise 3, attention that skips itself",
+    hint="diagonal = torch.eye(T, dtype=torch.bool); scores.masked_fill(diagonal, float('-inf')) before the "
+         "softmax over dim=-1; then context = weights @ x",
 )
-def check_hard_attention(hard_attention) -> str:
-    generator = torch.Generator().manual_seed(3)
-    x = torch.randn(5, 4, generator=generator)
-    result = call(hard_attention, x)
-    expect(isinstance(result, tuple) and len(result) == 2, f"return a pair (context, weights); got {type(result).__name__}")
-    context, weights = result
-    expect_tensor(weights, what="hard weights for x of shape (T=5, E=4)", shape=(5, 5))
-    weights = weights.detach().float()
-    one_hot = ((weights == 0) | (weights == 1)).all() and torch.allclose(weights.sum(-1), torch.ones(5))
-    expect(bool(one_hot), "every row of hard weights must be one-hot: a single 1, zeros elsewhere")
-    expected_index = (x @ x.T).argmax(dim=-1)
-    expect(
-        bool((weights.argmax(dim=-1) == expected_index).all()),
-        f"each row's 1 must sit at the key with the highest score; expected columns {expected_index.tolist()}, "
-        f"got {weights.argmax(dim=-1).tolist()}",
-    )
-    expect_close(context, x[expected_index], what="hard context for x of shape (T=5, E=4)")
-    return "each token copies exactly the token it scores highest with."
+def check_attention_without_self(attention_without_self) -> str:
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 3, generator=generator)
+    x[2] *= 3.0  # a long vector: plain self-attention puts most of its weight on itself
+    what = "weights for x of shape (T=5, E=3)"
+    context, weights = _pair(call(attention_without_self, x.clone()), "attention_without_self(x)")
+    weights = expect_tensor(weights, what=what, shape=(5, 5))
+    w = weights.detach().double()
+    _, plain = simple_self_attention(x)
+    if torch.allclose(w, plain.double(), atol=1e-5):
+        raise Mismatch(f"{what}: these are plain self-attention's weights; each token must give its own position "
+                       "weight 0")
+    diagonal = torch.diagonal(w)
+    off_diagonal = ~torch.eye(5, dtype=torch.bool)
+    if not bool((diagonal.abs() < 1e-6).all()):
+        shown = [round(v, 3) for v in diagonal.tolist()]
+        if bool((w[off_diagonal] == 0).all()):
+            raise Mismatch(f"{what}: every token attends only to itself (diagonal {shown}): your mask is inverted; "
+                           "hide the diagonal and keep every other position")
+        if bool((w[off_diagonal] == 0).any()):
+            hidden = [tuple(int(i) for i in p) for p in ((w == 0) & off_diagonal).nonzero()[:4]]
+            raise Mismatch(f"{what}: the diagonal must be exactly 0, got {shown}, while you hid other positions "
+                           f"(query, key) = {hidden}...: hide the positions where query and key are the same token, "
+                           "torch.eye(T, dtype=torch.bool)")
+        raise Mismatch(f"{what}: the diagonal must be exactly 0 (no token attends to itself); got {shown}. "
+                       "A score of 0 is not enough, since exp(0) = 1: use float('-inf')")
+    if not _rows_sum_to_one(w):
+        if torch.allclose(w[off_diagonal], plain.double()[off_diagonal], atol=1e-5):
+            raise Mismatch(f"{what}: you zeroed the diagonal after the softmax, so the rows no longer sum to one "
+                           "(they lost the weight each token gave itself). Mask the score before the softmax, "
+                           "or renormalise")
+        raise Mismatch(f"{what}: each row must sum to one; got row sums {[round(v, 4) for v in w.sum(-1).tolist()]}")
+    if not bool((w[off_diagonal] > 0).all()):
+        raise Mismatch(f"{what}: only the diagonal may be zero; every other token keeps a positive weight")
+    expected_context, expected_weights = _without_self(x)
+    expect_close(weights, expected_weights, what=what)
+    context = expect_tensor(context, what="context for x of shape (T=5, E=3)", shape=(5, 3))
+    if torch.allclose(context.detach().double(), (plain @ x).double(), atol=1e-5):
+        raise Mismatch("context for x of shape (T=5, E=3): these are plain self-attention's context vectors: "
+                       "compute them with your new weights")
+    expect_close(context, expected_context, what="context for x of shape (T=5, E=3)")
+    # A batch, and T = 2 (each token can then attend only to the other one).
+    batch = torch.randn(3, 2, 4, generator=generator)
+    got = _pair(call(attention_without_self, batch.clone()), "attention_without_self(x) for x of shape (3, 2, 4)")
+    expected_context, expected_weights = _without_self(batch)
+    expect_close(got[1], expected_weights, what="weights for a batch x of shape (B=3, T=2, E=4)")
+    expect_close(got[0], expected_context, what="context for a batch x of shape (B=3, T=2, E=4) (each token "
+                                                "must copy the other one)")
+    return "no token attends to itself, the rows still sum to one, and it works on a batch."
+
+
+def _cosine(x: torch.Tensor, temperature: float):
+    unit = x / x.norm(dim=-1, keepdim=True)  # (..., T, E), each row of length 1
+    weights = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)  # (..., T, T)
+    return weights @ x, weights  # (..., T, E): the original vectors are averaged
+
+
+@exercise(
+    "Exercise 4, attention by direction only (cosine similarity)",
+    hint="unit = x / x.norm(dim=-1, keepdim=True) (each token's vector, not each feature, gets length 1); "
+         "weights = softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1); context = weights @ x",
+)
+def check_cosine_self_attention(cosine_self_attention) -> str:
+    generator = torch.Generator().manual_seed(5)
+    x = torch.rand(4, 3, generator=generator) + 0.1
+    x[1] *= 4.0  # lengths differ a lot, so that forgetting to normalise shows
+    temperature = 0.5
+    what = f"weights for x of shape (T=4, E=3) at temperature {temperature}"
+    context, weights = _pair(call(cosine_self_attention, x.clone(), temperature),
+                             f"cosine_self_attention(x, {temperature})")
+    weights = expect_tensor(weights, what=what, shape=(4, 4))
+    w = weights.detach().double()
+    expected_context, expected_weights = _cosine(x, temperature)
+    if not torch.allclose(w, expected_weights.double(), atol=1e-5):
+        unit = x / x.norm(dim=-1, keepdim=True)
+        per_feature = x / x.norm(dim=-2, keepdim=True)
+        candidates = {
+            "you did not normalise the vectors: these are plain dot-product scores divided by the temperature":
+                torch.softmax(x @ x.T / temperature, dim=-1),
+            "you normalised each feature (dim=-2, down the tokens) instead of each token's vector (dim=-1)":
+                torch.softmax(per_feature @ per_feature.T / temperature, dim=-1),
+            "you multiplied by the temperature instead of dividing by it":
+                torch.softmax(unit @ unit.T * temperature, dim=-1),
+            "you left out the temperature":
+                torch.softmax(unit @ unit.T, dim=-1),
+            "the softmax ran over the queries (dim=0); normalise over the keys, dim=-1":
+                torch.softmax(unit @ unit.T / temperature, dim=0),
+        }
+        for mistake, wrong in candidates.items():
+            if torch.allclose(w, wrong.double(), atol=1e-5):
+                raise Mismatch(f"{what}: {mistake}")
+    expect_close(weights, expected_weights, what=what)
+    context = expect_tensor(context, what="context for x of shape (T=4, E=3)", shape=(4, 3))
+    unit_context = (expected_weights @ (x / x.norm(dim=-1, keepdim=True)))
+    if torch.allclose(context.detach().double(), unit_context.double(), atol=1e-5):
+        raise Mismatch("context for x of shape (T=4, E=3): you averaged the normalised vectors; the weights come "
+                       "from directions, but the context averages the original vectors x")
+    expect_close(context, expected_context, what="context for x of shape (T=4, E=3)")
+    # Another temperature and a batch: nothing may be hard-coded.
+    batch = torch.rand(2, 5, 3, generator=generator) + 0.1
+    got = _pair(call(cosine_self_attention, batch.clone(), 0.1), "cosine_self_attention(x, 0.1) for x of shape (2, 5, 3)")
+    expected_context, expected_weights = _cosine(batch, 0.1)
+    expect_close(got[1], expected_weights, what="weights for a batch x of shape (B=2, T=5, E=3) at temperature 0.1")
+    expect_close(got[0], expected_context, what="context for a batch x of shape (B=2, T=5, E=3) at temperature 0.1")
+    return "your weights depend only on the directions of the vectors, for any temperature and any batch."
