@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from attn_course import translator as tr
+from attn_course.kv_cache import KVCache
 from attn_course.translator import CharVocab, toy_pairs
+from attn_course.translator.decoding import _decode_step_cached
+from attn_course.translator.language import _noun_phrases
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,7 +26,7 @@ def test_grammar_is_big_enough():
     assert len(set(lexicon.english_words)) >= 30
     assert {g for _, g in lexicon.nouns.values()} == {"m", "f"}
     # Count by enumerating every sentence (not only by the formula).
-    phrases = tr._noun_phrases(lexicon)
+    phrases = _noun_phrases(lexicon)
     assert len(set(phrases)) == len(phrases)
     sentences = {f"{s} {v} {o}" for s, _ in phrases for v in lexicon.verbs for o, _ in phrases}
     assert len(sentences) == tr.count_sentences() > 1_000_000
@@ -217,10 +220,10 @@ def test_cached_decoding_step_equals_the_decoder(norm_first):
     padding = transformer.padding_of(src)
     expected, _ = transformer.decode(tgt, memory, padding)  # (B, 6, V)
     attn = transformer.decoder_layers[0].self_attn
-    cache = tr.KVCache(len(transformer.decoder_layers), 3, attn.num_heads, attn.head_dim, 6)
+    cache = KVCache(len(transformer.decoder_layers), 3, attn.num_heads, attn.head_dim, 6)
     with torch.no_grad():
-        first = tr._decode_step_cached(transformer, tgt[:, :4], memory, padding, cache)  # four tokens at once
-        rest = [tr._decode_step_cached(transformer, tgt[:, t : t + 1], memory, padding, cache) for t in (4, 5)]
+        first = _decode_step_cached(transformer, tgt[:, :4], memory, padding, cache)  # four tokens at once
+        rest = [_decode_step_cached(transformer, tgt[:, t : t + 1], memory, padding, cache) for t in (4, 5)]
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), expected, atol=1e-5, rtol=1e-4)
 
 
@@ -297,6 +300,18 @@ def test_checkpoint_round_trip(tiny, tmp_path):
 
 # --------------------------------------------------------------------------- command line
 
+def test_every_module_is_reexported():
+    """The chapter's sections are modules; every public name of each is importable from attn_course.translator."""
+    import importlib
+
+    for name in ("language", "vocab", "model", "training", "decoding", "checkpoints", "cli"):
+        module = importlib.import_module(f"attn_course.translator.{name}")
+        for public in module.__all__:
+            assert getattr(tr, public) is getattr(module, public), f"{name}.{public} is not re-exported"
+    for public in tr.__all__:
+        assert hasattr(tr, public), public
+
+
 def test_cli_help():
     result = subprocess.run([sys.executable, "-m", "attn_course.translator", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
@@ -315,6 +330,41 @@ def test_cli_train_translate_evaluate(tmp_path, capsys):
     assert "'?'" in capsys.readouterr().err
     assert tr.main(["evaluate", "--checkpoint", path, "--num-sentences", "8", "--num-pairs", "64"]) == 0
     assert "exact match" in capsys.readouterr().out
+
+
+def test_train_step_ignores_padding_in_the_labels():
+    """One step's loss averages over the labels that are characters: padding a sentence changes nothing."""
+    torch.manual_seed(0)
+    pairs = toy_pairs(8, seed=1)
+    model = tr.build_translator(pairs, d_model=16, num_heads=2, d_ff=32)
+    english, french = pairs[0]
+    src = tr.pad_sequences([model.source_vocab.encode(english)])  # (1, S)
+    tgt = tr.pad_sequences([model.target_vocab.encode(french, add_start=True, add_end=True)])  # (1, T + 1)
+    padded = torch.cat([tgt, torch.zeros(1, 5, dtype=torch.long)], dim=1)  # (1, T + 6): five padding labels more
+    losses = []
+    for target in (tgt, padded):
+        copy = tr.build_translator(pairs, d_model=16, num_heads=2, d_ff=32)
+        copy.load_state_dict(model.state_dict())
+        optimizer = torch.optim.SGD(copy.parameters(), lr=0.0)
+        losses.append(tr.train_step(copy, optimizer, src, target))
+    torch.testing.assert_close(losses[0], losses[1])
+    logits, _ = model(src, tgt[:, :-1])
+    expected = torch.nn.functional.cross_entropy(logits[0], tgt[0, 1:])
+    torch.testing.assert_close(losses[0], expected.detach())
+
+
+def test_train_is_train_step_in_a_loop():
+    """train() is train_step with length-bucketed batches and the schedule: the same seed, the same first loss."""
+    pairs = toy_pairs(48, seed=1)
+    settings = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1, batch_size=48)
+    model, history = tr.train(pairs, device="cpu", seed=0, progress=False, **settings)
+    torch.manual_seed(0)
+    fresh = tr.build_translator(pairs, **{k: v for k, v in settings.items() if k != "batch_size"})
+    src = fresh.encode_sources([e for e, _ in pairs])
+    tgt = tr.pad_sequences([fresh.target_vocab.encode(f, add_start=True, add_end=True) for _, f in pairs])
+    optimizer = torch.optim.AdamW(fresh.parameters(), lr=1.0, betas=(0.9, 0.98), weight_decay=0.01)
+    loss = tr.train_step(fresh, optimizer, src, tgt)  # one batch of all 48: the same mean as train()'s first step
+    torch.testing.assert_close(loss, torch.tensor(history["loss"][0]), atol=1e-5, rtol=1e-5)
 
 
 def test_bad_input_gets_a_clear_error(tiny):
