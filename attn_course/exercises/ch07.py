@@ -6,9 +6,9 @@ import torch
 
 from ..transformer import DecoderLayer
 from ..translator import DEFAULT_LEXICON, french_noun_phrase
-from . import call, exercise, expect, expect_tensor
+from . import Mismatch, call, exercise, expect, expect_tensor
 
-__all__ = ["check_french_noun_phrase", "check_sample_next", "check_decoder_mask"]
+__all__ = ["check_french_noun_phrase", "check_sample_next", "check_decoder_mask", "check_post_norm_decoder_layer"]
 
 # New nouns that the student's rules must handle too: one vowel-initial of each gender.
 NEW_NOUNS = {"island": ("île", "f"), "computer": ("ordinateur", "m"), "mouse": ("souris", "f")}
@@ -108,7 +108,8 @@ def check_decoder_mask(decoder_mask) -> str:
         if T > 1 and torch.equal(mask.cpu(), blocked.T):
             expect(False, f"decoder_mask({T}) blocks the past instead of the future: row t (a query) may see columns 0..t")
         if T > 1 and torch.equal(mask.cpu(), ~blocked.T):
-            expect(False, f"decoder_mask({T}) lets every position see the future: keep the upper triangle (above the diagonal) True")
+            expect(False, f"decoder_mask({T}) also blocks the diagonal: each position must see itself (row 0 would see "
+                   "nothing at all); only the keys above the diagonal are the future")
         expect(torch.equal(mask.cpu(), blocked), f"decoder_mask({T}) should be\n{blocked.int()}\ngot\n{mask.int()}")
     torch.manual_seed(0)
     layer = DecoderLayer(16, 4, 32).eval()
@@ -118,3 +119,91 @@ def check_decoder_mask(decoder_mask) -> str:
         reference, _, _ = layer(x, memory, is_causal=True)
     expect(torch.allclose(yours, reference, atol=1e-6), "with your mask the decoder layer's output differs from is_causal=True")
     return "with your mask, DecoderLayer(..., is_causal=False) gives exactly what is_causal=True gives."
+
+
+def _wirings(layer: DecoderLayer, x, memory, memory_padding) -> dict:
+    """The right post-norm output and the outputs of the plausible wrong wirings, by name."""
+    self_attn, cross_attn, ffn = layer.self_attn, layer.cross_attn, layer.feed_forward
+    n1, n2, n3 = layer.norm1, layer.norm2, layer.norm3
+
+    def attend_self(h, causal=True):
+        return self_attn(h, h, h, is_causal=causal, need_weights=False)[0]
+
+    def attend_source(h, padding=memory_padding, keys=None):
+        keys = memory if keys is None else keys
+        return cross_attn(h, keys, keys, key_padding_mask=padding, need_weights=False)[0]
+
+    def post(attend_self_fn=attend_self, attend_source_fn=attend_source, residual=True, norms=(n1, n2, n3)):
+        a, b, c = norms
+        h = a((x if residual else 0) + attend_self_fn(x))
+        h = b((h if residual else 0) + attend_source_fn(h))
+        return c((h if residual else 0) + ffn(h))
+
+    def pre_norm():
+        h = x + attend_self(n1(x))
+        h = h + attend_source(n2(h))
+        return h + ffn(n3(h))
+
+    return {
+        "right": post(),
+        "pre-norm": pre_norm(),
+        "no causal mask": post(attend_self_fn=lambda h: attend_self(h, causal=False)),
+        "padding attended": post(attend_source_fn=lambda h: attend_source(h, padding=None)),
+        "cross-attention to itself": post(attend_source_fn=lambda h: attend_source(h, padding=None, keys=h)),
+        "no residual": post(residual=False),
+        "norms in another order": post(norms=(n3, n2, n1)),
+    }
+
+
+_WIRING_MESSAGES = {
+    "pre-norm": "that is the pre-norm wiring, x + sublayer(norm(x)) (what this layer's own forward does); "
+                "post-norm normalises after the residual sum: x = norm(x + sublayer(x))",
+    "no causal mask": "the self-attention sees the future: pass is_causal=True to layer.self_attn",
+    "padding attended": "the cross-attention reads the source's padding: pass key_padding_mask=memory_padding "
+                        "(True at padding) to layer.cross_attn",
+    "cross-attention to itself": "the cross-attention takes its keys and values from the decoder; they come from "
+                                 "memory (the encoder's output): layer.cross_attn(h, memory, memory, ...)",
+    "no residual": "the residual connections are missing: each sub-layer's output is added to its input "
+                   "before the norm, norm(x + sublayer(x))",
+    "norms in another order": "the right wiring with the norms swapped: norm1 follows the self-attention, norm2 "
+                              "the cross-attention, norm3 the feed-forward network",
+}
+
+
+@exercise(
+    "Exercise 4, the original (post-norm) decoder layer",
+    hint="x = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0]); then the same with norm2 around "
+    "layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0]; then norm3 around layer.feed_forward(x)",
+)
+def check_post_norm_decoder_layer(post_norm_decoder_layer) -> str:
+    torch.manual_seed(0)
+    layer = DecoderLayer(16, 4, 32, norm_first=True).eval()  # a pre-norm layer: its own forward is not the answer
+    with torch.no_grad():  # norms that are not the identity, so that a misplaced norm shows
+        for norm in (layer.norm1, layer.norm2, layer.norm3):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    post_norm = DecoderLayer(16, 4, 32, norm_first=False).eval()
+    post_norm.load_state_dict(layer.state_dict())
+    x, memory = torch.randn(2, 6, 16), torch.randn(2, 5, 16)  # (B, T, E), (B, S, E)
+    memory_padding = torch.tensor([[False] * 5, [False, False, False, True, True]])  # (B, S), True at padding
+    with torch.no_grad():
+        got = call(post_norm_decoder_layer, layer, x.clone(), memory.clone(), memory_padding.clone())
+        reference, _, _ = post_norm(x, memory, memory_key_padding_mask=memory_padding)
+        wirings = _wirings(layer, x, memory, memory_padding)
+    if isinstance(got, tuple):
+        expect(False, "return only the layer's output tensor (B, T, E), not a tuple")
+    got = expect_tensor(got, what="post_norm_decoder_layer(layer, x of shape (2, 6, 16), memory of shape (2, 5, 16), ...)",
+                        shape=(2, 6, 16))
+    got = got.detach().float().cpu()
+    if torch.allclose(got, reference, atol=1e-5, rtol=1e-4):
+        return ("your post-norm wiring gives exactly what DecoderLayer(norm_first=False) gives, with the same weights: "
+                "the original Transformer's layer.")
+    for name, message in _WIRING_MESSAGES.items():
+        if torch.allclose(got, wirings[name], atol=1e-5, rtol=1e-4):
+            raise Mismatch(message)
+    if torch.allclose(got, x):
+        raise Mismatch("the output equals the input: apply the three sub-layers")
+    worst = float((got - reference).abs().max())
+    raise Mismatch(f"your output differs from the post-norm layer's by up to {worst:.3g}: norm1 after the causal "
+                   "self-attention, norm2 after the cross-attention to memory, norm3 after the feed-forward network, "
+                   "each around a residual sum")
