@@ -12,6 +12,9 @@
 # Both create .venv and install requirements.txt into it the first time (and again when it changes).
 # The website serves MathJax and the ipywidgets scripts itself: `make vendor` (run by `make book`)
 # fetches them from npm into _vendor/ (falling back to public CDNs, with a message, without npm).
+# It also fetches onnxruntime-web (chapter 07's in-browser translator) and axe-core (the browser
+# test's accessibility checks). The book build trains chapter 07's translator once and exports it
+# to ONNX, cached in _build/translator/ (ATTN_COURSE_TRANSLATOR=off skips it: the panel then says so).
 
 PYTHON ?= python3
 VENV ?= .venv

@@ -34,9 +34,54 @@
     };
   }
 
+  // Accessibility of the explorables, which the ipywidgets embedder renders after "load":
+  // - pictures get the text alternative of their cell (tools/site_assets.py writes it into a hidden
+  //   span.attn-figure-alt), plus which setting of the controls they show;
+  // - slider handles (role="slider") get the name of their slider's label;
+  // - boxes that scroll can be reached with the keyboard (tabindex="0").
+  function widgetAccessibility() {
+    document.querySelectorAll(".cell").forEach(function (cell) {
+      var holder = cell.querySelector(".attn-figure-alt");
+      var alt = holder ? holder.getAttribute("data-alt") : "";
+      cell.querySelectorAll("img.widget-image, .jupyter-widgets img").forEach(function (img, i, all) {
+        if (img.getAttribute("alt")) { return; }
+        var text = alt || "Picture of the explorable above";
+        img.setAttribute("alt", all.length > 1 ? text + " (view " + (i + 1) + " of " + all.length + ", chosen with the controls)" : text);
+      });
+    });
+    document.querySelectorAll(".noUi-handle").forEach(function (handle) {
+      if (handle.getAttribute("aria-label") || handle.getAttribute("aria-labelledby")) { return; }
+      var slider = handle.closest(".widget-slider, .widget-hslider, .jupyter-widgets");
+      var label = slider && slider.querySelector(".widget-label");
+      var name = label && label.textContent.trim();
+      handle.setAttribute("aria-label", name || "slider");
+    });
+    document.querySelectorAll(".widget-box, .widget-container, .cell_output .output pre").forEach(function (box) {
+      if (box.hasAttribute("tabindex")) { return; }
+      var style = window.getComputedStyle(box);
+      var scrolls = /(auto|scroll)/.test(style.overflowX + style.overflowY) &&
+        (box.scrollWidth > box.clientWidth + 1 || box.scrollHeight > box.clientHeight + 1);
+      if (scrolls && !box.querySelector("a, button, input, select, textarea, [tabindex]")) {
+        box.setAttribute("tabindex", "0");
+      }
+    });
+  }
+
+  function watchWidgets() {
+    widgetAccessibility();
+    if (!("MutationObserver" in window)) { return; }
+    var pending = false;
+    new MutationObserver(function () {
+      if (pending) { return; }
+      pending = true;
+      window.requestAnimationFrame(function () { pending = false; widgetAccessibility(); });
+    }).observe(document.body, { childList: true, subtree: true });
+  }
+
   function onReady() {
     mathjax2Shim();  // deferred scripts (MathJax) have run by now; the widgets render at "load"
     labelSolutions();
+    watchWidgets();
   }
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", onReady);

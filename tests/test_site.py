@@ -570,3 +570,61 @@ def test_translator_panel_in_the_browser(page_name, browser_context, server, net
         assert report["ms_per_sentence_median"] < 500, report
     finally:
         page.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Accessibility: axe-core (from npm, fetched by tools/vendor_assets.py) on every page, light and dark.
+
+AXE_JS = ROOT / "_vendor" / "axe-core" / "axe.min.js"
+AXE_REPORT = SCREENSHOTS / "axe.json"
+GENERIC_ALT = re.compile(r"^(|image|img|figure|picture|plot|png|output|[0-9a-f]{16,}.*|.*\.(png|svg|jpe?g))$", re.I)
+
+# Light mode: every rule. Dark mode changes only colours: the colour-contrast rule again (it is the
+# slow one, about 5 s on a chapter page under load, so the other rules run once).
+AXE_RUN = """async (onlyContrast) => {
+  const options = onlyContrast ? {runOnly: ["color-contrast"], resultTypes: ["violations"]} : {resultTypes: ["violations"]};
+  const result = await axe.run(document, options);
+  return result.violations.map((v) => ({id: v.id, impact: v.impact, help: v.help,
+    nodes: v.nodes.slice(0, 5).map((n) => ({target: n.target.join(" "), summary: (n.failureSummary || "").slice(0, 300)})),
+    count: v.nodes.length}));
+}"""
+
+IMAGES_WITHOUT_ALT = """() => Array.from(document.images).map((img) => ({src: (img.currentSrc || img.src).split("/").pop().slice(0, 60),
+  alt: img.getAttribute("alt"), hidden: img.getAttribute("aria-hidden") === "true" || img.getAttribute("role") === "presentation"}))"""
+
+
+def _set_theme(page, theme: str) -> None:
+    """The theme's own switch: pydata-sphinx-theme reads data-theme (and data-mode) on <html>."""
+    page.evaluate("""(theme) => { document.documentElement.dataset.mode = theme; document.documentElement.dataset.theme = theme;
+                     localStorage.setItem("mode", theme); localStorage.setItem("theme", theme); }""", theme)
+    page.wait_for_timeout(100)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("page_name", PAGES)
+def test_page_accessibility(page_name, browser_context, server):
+    """No serious or critical axe-core violation, in light and dark mode; every picture has a real alt text."""
+    if not AXE_JS.is_file():
+        pytest.fail(f"{AXE_JS} is missing: run `make vendor` (tools/vendor_assets.py fetches axe-core from npm)", pytrace=False)
+    page = browser_context.new_page()
+    try:
+        page.goto(f"{server}/{page_name}.html", wait_until="load")
+        page.wait_for_load_state("networkidle")
+        page.wait_for_function(f"() => {{ const s = ({WIDGETS_RENDERED})(); return s.views === s.rendered; }}", timeout=20_000)
+        images = page.evaluate(IMAGES_WITHOUT_ALT)
+        bad_alt = [img for img in images if not img["hidden"] and GENERIC_ALT.match((img["alt"] or "").strip())]
+        page.add_script_tag(path=str(AXE_JS))
+        found = {}
+        for theme in ("light", "dark"):
+            _set_theme(page, theme)
+            found[theme] = [v for v in page.evaluate(AXE_RUN, theme == "dark") if v["impact"] in ("serious", "critical")]
+            if theme == "dark":
+                page.screenshot(path=str(SCREENSHOTS / f"{_slug(page_name)}--dark.png"), full_page=True)
+        report = json.loads(AXE_REPORT.read_text()) if AXE_REPORT.exists() else {}
+        report[page_name] = {"violations": found, "images_without_real_alt": bad_alt}
+        AXE_REPORT.write_text(json.dumps(report, indent=1) + "\n")
+        for theme, violations in found.items():
+            assert not violations, f"{theme} mode: serious/critical axe violations: " + json.dumps(violations, indent=1)[:3000]
+        assert not bad_alt, f"{len(bad_alt)} picture(s) without a real alt text: {bad_alt[:5]}"
+    finally:
+        page.close()

@@ -24,7 +24,12 @@ built it:
    The model files are copied into ``<site>/_static/translator/`` when the build finishes; the panel's
    script and style come from ``tools/site_extra/`` (``html_extra_path``). Where the export fails the
    build prints why and the panel says it is unavailable. ``ATTN_COURSE_TRANSLATOR=off`` skips it.
-5. lets ``ATTN_COURSE_EXECUTE=off`` (or ``cache``, ``force``) override ``execute_notebooks``, so that the
+5. gives every figure a text alternative: an image output keeps the alt text of its cell's metadata
+   (``"mystnb": {"image": {"alt": "..."}}``, which myst-nb applies); one without gets an alt derived
+   from the cell's code (the plot's title and axis labels), never its file name. A cell whose
+   output is an explorable (widget pictures, which myst-nb does not reach) carries that text in a
+   hidden ``<span class="attn-figure-alt" data-alt="...">``, which ``_static/course.js`` puts on its pictures.
+6. lets ``ATTN_COURSE_EXECUTE=off`` (or ``cache``, ``force``) override ``execute_notebooks``, so that the
    browser test can build the site from the committed, executed notebooks without running them again.
 """
 
@@ -194,6 +199,66 @@ def _translator_panel(app, pagename, templatename, context, doctree) -> None:
         context["body"] = body + section
 
 
+_QUOTED = r"""\(\s*[rf]?(?:"([^"\n]+)"|'([^'\n]+)')"""
+
+
+def _first_string(source: str, *calls: str) -> str:
+    """The first string literal passed to one of ``calls`` (``set_title(...)`` or ``title=...``)."""
+    for call in calls:
+        pattern = (rf"\b{call}\s*=\s*[rf]?(?:\"([^\"\n]+)\"|'([^'\n]+)')" if call.endswith("=")
+                   else rf"\b{call}" + _QUOTED)
+        match = re.search(pattern.replace("=\\s*=", "="), source)
+        if match:
+            text = match.group(1) or match.group(2)
+            text = re.sub(r"\{[^}]*\}", "…", text).replace("$", "").strip()
+            if text:
+                return text
+    return ""
+
+
+def derived_alt(source: str) -> str:
+    """A text alternative for a figure drawn by ``source`` (a cell's code): its title and axes."""
+    title = _first_string(source, "set_title", "suptitle", "title", "title=")
+    xlabel = _first_string(source, "set_xlabel", "xlabel", "xlabel=")
+    ylabel = _first_string(source, "set_ylabel", "ylabel", "ylabel=")
+    parts = []
+    if "plot_attention" in source:
+        parts.append("Attention heatmap (one row per query, one column per key, with a colorbar)")
+    if title:
+        parts.append(f"Figure: {title}" if not parts else f"titled {title}")
+    if xlabel:
+        parts.append(f"horizontal axis: {xlabel}")
+    if ylabel:
+        parts.append(f"vertical axis: {ylabel}")
+    if not parts:
+        comment = next((line.strip("# ").strip() for line in source.splitlines() if line.strip().startswith("#")
+                        and len(line.strip("# ").strip()) > 8 and not line.lstrip().startswith("#@")), "")
+        parts.append(f"Figure drawn by the code above: {comment}" if comment else "Figure drawn by the code cell above")
+    return "; ".join(parts)
+
+
+def _figure_alt_texts(app, doctree, docname) -> None:
+    """Every picture of a notebook cell gets a real alt text (see 5. above)."""
+    from docutils import nodes
+
+    for cell in doctree.findall(nodes.container):
+        if cell.get("nb_element") != "cell_code":
+            continue
+        metadata = cell.get("cell_metadata") or {}
+        image_options = (metadata.get("mystnb") or {}).get("image") or {}
+        alt = str(image_options.get("alt", "")).strip()
+        if not alt:
+            source = "\n".join(block.astext() for block in cell.findall(nodes.literal_block)
+                               if block.parent is not None and block.parent.get("nb_element") == "cell_code_source")
+            alt = derived_alt(source)
+        for image in cell.findall(nodes.image):
+            if not image.get("alt") or image.get("alt") == image.get("uri"):
+                image["alt"] = alt
+        widgets = [raw for raw in cell.findall(nodes.raw) if "application/vnd.jupyter.widget-view+json" in raw.astext()]
+        if widgets:
+            cell.append(nodes.raw("", f'<span class="attn-figure-alt" hidden data-alt="{html_escape(alt)}"></span>', format="html"))
+
+
 def html_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -203,4 +268,5 @@ def setup(app):
     app.connect("html-page-context", _page_scripts, priority=900)  # after myst-nb adds the scripts
     app.connect("html-page-context", _translator_panel, priority=950)
     app.connect("build-finished", _finish_translator_export)
+    app.connect("doctree-resolved", _figure_alt_texts)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -182,7 +182,7 @@
     for (var i = 0; i < weights.length; i++) maximum = Math.max(maximum, weights[i]);
     var left = 34, top = 8, barGap = 14, barWidth = 10, barLabels = 34, bottom = 40;
     var cell = Math.floor((available - left - barGap - barWidth - barLabels) / S);
-    cell = Math.max(7, Math.min(16, cell));
+    cell = Math.max(10, Math.min(16, cell)); // legible labels; narrow screens scroll the map sideways
     var width = left + S * cell + barGap + barWidth + barLabels, height = top + T * cell + bottom;
     var ratio = window.devicePixelRatio || 1;
     canvas.width = Math.round(width * ratio);
@@ -352,7 +352,7 @@
       suggestions.innerHTML = "";
       if (!state.meta || !state.meta.lexicon) return;
       var next = nextWords(input.value.toLowerCase(), state.meta.lexicon);
-      if (next.complete) {
+      if (next.complete || nextWords(input.value.toLowerCase() + " ", state.meta.lexicon).complete) {
         suggestions.append(element("span", { class: "attn-tr-note" }, "A complete sentence: translate it."));
         return;
       }
