@@ -12,7 +12,7 @@ Two layouts pair the numbers differently, and a checkpoint works only with the o
 
 - ``interleaved=True`` pairs neighbours ``(0, 1), (2, 3), ...`` as the RoFormer paper writes it;
 - ``interleaved=False`` pairs the two halves ``(0, D/2), (1, D/2 + 1), ...``, as the GPT-NeoX and
-  Llama code does (``rotate_half``).
+  Hugging Face Llama code does (``rotate_half``; Meta's own Llama code pairs neighbours).
 
 The two compute the same thing up to a fixed permutation of the ``D`` coordinates (evens first, then
 odds), which is why a model converted between them needs its query and key weights permuted.
@@ -119,7 +119,7 @@ def apply_rotary_embedding(
             ``(B, 1, T)`` for ``(B, H, T, D)`` inputs at different offsets). Integers or floats.
         base: the frequency base (10000 in RoFormer; larger bases turn more slowly, for longer contexts).
         interleaved: pair ``(2i, 2i + 1)`` as in the paper (True) or ``(i, i + D/2)`` as in GPT-NeoX
-            and Llama code (False).
+            and Hugging Face Llama code (False).
 
     Returns:
         The rotated tensor, in ``x``'s dtype and on its device; the angles, cosines and sines are
