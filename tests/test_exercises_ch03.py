@@ -59,6 +59,20 @@ def test_float32_jacobian_passes():
     assert check_softmax_jacobian(lambda p: jacobian(p.float()))
 
 
+def test_alternative_right_answers_pass():
+    # The Jacobian by autograd, entry by entry from the formula, and a module that calls the package.
+    autograd_jacobian = lambda p: torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), p.log())
+    loops = lambda p: torch.stack([torch.stack([p[i] * (float(i == j) - p[j]) for j in range(len(p))]) for i in range(len(p))])
+    assert check_softmax_jacobian(autograd_jacobian) and check_softmax_jacobian(loops)
+
+    class CallsThePackage(Module):
+        def forward(self, x):
+            import attn_course as ac
+            return ac.scaled_dot_product_attention(self.W_query(x), self.W_key(x), self.W_value(x))
+
+    assert check_self_attention_module(CallsThePackage)
+
+
 # --- wrong answers say what is wrong -------------------------------------------------------------
 
 @pytest.mark.parametrize(
@@ -68,6 +82,7 @@ def test_float32_jacobian_passes():
         (lambda x, q, k, v: by_hand(x, q, k, v, scale=1 / 16), "divide by its square root"),
         (lambda x, q, k, v: by_hand(x, q, k, v, scale=1 / math.sqrt(6)), "width of the values"),
         (lambda x, q, k, v: by_hand(x, q, k, v, dim=0), "columns sum to one"),
+        (lambda x, q, k, v: by_hand(x, q, k, v, scale=1 / math.sqrt(4)), "width of the input tokens"),
         (lambda x, q, k, v: by_hand(x, q, k, v, transpose=True), "transposed"),
         (lambda x, q, k, v: by_hand(x, q, k, v)[1], "pair"),
         (lambda x, q, k, v: (x @ v, by_hand(x, q, k, v)[1]), "equals the values"),
@@ -90,6 +105,8 @@ def test_self_attention_by_hand_wrong_answers(answer, text):
         (lambda p: torch.outer(p, p) - torch.diag(p), "signs are flipped"),
         (lambda p: torch.diag(p) - 0.5 * torch.outer(p, p), "values differ"),
         (lambda p: p, "expected shape"),
+        (lambda p: torch.diag(p * (1 - p)), "off-diagonal entries"),
+        (lambda p: torch.diag(p) - p @ p, "outer product"),
     ],
 )
 def test_softmax_jacobian_wrong_answers(answer, text):
@@ -114,6 +131,13 @@ class SwappedWidths(Module):
         self.W_value = nn.Linear(d_in, d_k, bias=False)
 
 
+class BatchSoftmax(Module):
+    def forward(self, x):
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=0)
+        return w @ v, w
+
+
 class MissingKey(nn.Module):
     def __init__(self, d_in, d_k, d_v):
         super().__init__()
@@ -133,6 +157,8 @@ class MissingKey(nn.Module):
         (lambda *a: Module(*a, scale_width=lambda q, v: v.size(-1)), "width of the values"),
         (lambda *a: Module(*a, scale_width=lambda q, v: 1), "forgot to divide"),
         (lambda *a: Module(*a, detach=True), "does not require grad"),
+        (lambda *a: Module(*a, scale_width=lambda q, v: 5), "width of the input tokens"),
+        (BatchSoftmax, "over the batch"),
     ],
 )
 def test_self_attention_module_wrong_answers(answer, text):

@@ -33,6 +33,20 @@ def masked_attention(q, k, v, allowed, fill=float("-inf"), zero_empty=True, scal
     return weights @ v, weights
 
 
+def renormalise_after(q, k, v, allowed):
+    kept = torch.softmax(q @ k.T / math.sqrt(q.size(-1)), dim=-1) * allowed
+    weights = (kept / kept.sum(dim=-1, keepdim=True)).nan_to_num(0.0)
+    return weights @ v, weights
+
+
+def masked_attention_where(q, k, v, allowed):
+    # A correct alternative: torch.where, and the scale written as a product.
+    scores = (q * q.size(-1) ** -0.5) @ k.transpose(0, 1)
+    weights = torch.softmax(torch.where(allowed, scores, torch.full_like(scores, float("-inf"))), dim=-1)
+    weights = torch.where(allowed.any(-1, keepdim=True), weights, torch.zeros_like(weights))
+    return weights @ v, weights
+
+
 def batch_mask(lengths, T):
     padding = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
     return causal_by_hand(T) & padding[:, None, :]
@@ -59,6 +73,8 @@ def test_right_answers_pass():
 
 def test_equivalent_right_answers_pass():
     assert check_causal_mask(lambda T: torch.ones(T, T).tril().bool())
+    assert check_masked_attention(masked_attention_where)
+    assert check_masked_attention(lambda q, k, v, m: masked_attention(q, k, v, m, fill=torch.finfo(q.dtype).min))
     assert check_leak_test(lambda attention, x: torch.tensor(leaks_future(attention, x)))
 
 
@@ -75,6 +91,7 @@ def test_equivalent_right_answers_pass():
         (lambda T: torch.ones(T, T, dtype=torch.bool), "should be"),
         (lambda T: torch.zeros(T, T, dtype=torch.bool), "should be"),
         (lambda T: causal_by_hand(T) if T > 1 else torch.zeros(1, 1, dtype=torch.bool), "T = 1"),
+        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(1), "off by one"),
     ],
 )
 def test_causal_mask_wrong_answers(answer, text):
@@ -93,6 +110,15 @@ def test_causal_mask_wrong_answers(answer, text):
         (lambda q, k, v, m: masked_attention(q, k, v, m)[1], "pair"),
         (lambda q, k, v, m: (masked_attention(q, k, v, m)[1] @ (2 * v), masked_attention(q, k, v, m)[1]), "values differ"),
         (lambda q, k, v, m: (torch.full((4, 8), float("nan")), masked_attention(q, k, v, m)[1]), "output contains NaN"),
+        # Zero the blocked weights after the softmax, without renormalising: rows no longer sum to one.
+        (lambda q, k, v, m: (lambda w: (w @ v, w))(torch.softmax(q @ k.T / math.sqrt(q.size(-1)), dim=-1) * m), "values differ"),
+        # Softmax first, then zero and renormalise (section 3): fine on tame scores, 0/0 on a huge blocked score.
+        (renormalise_after, "renormalise"),
+        # -1e9 with the empty rows zeroed: right in float32, an overflow in float16.
+        (lambda q, k, v, m: masked_attention(q, k, v, m, fill=-1e9), "does not exist in float16"),
+        (lambda q, k, v, m: masked_attention(q, k, v, m, fill=torch.finfo(torch.float32).min), "does not exist in float16"),
+        # Scaled by the number of keys instead of the width.
+        (lambda q, k, v, m: (lambda s: (lambda w: (w @ v, w))(torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)))(q @ k.T / math.sqrt(k.size(0))), "values differ"),
     ],
 )
 def test_masked_attention_wrong_answers(answer, text):
@@ -110,6 +136,8 @@ def test_masked_attention_wrong_answers(answer, text):
         (lambda lengths, T: batch_mask(lengths, T).int(), "bool mask"),
         (lambda lengths, T: causal_by_hand(T) & (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]), "must have shape (B, T, T)"),
         (lambda lengths, T: batch_mask([n - 1 for n in lengths], T), "sequence 0"),
+        # Padding blocked as keys and as queries: the same mask as queries only, behind the causal mask.
+        (lambda lengths, T: batch_mask(lengths, T) & (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None])[:, :, None], "padding *queries*"),
     ],
 )
 def test_batch_mask_wrong_answers(answer, text):

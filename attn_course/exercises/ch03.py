@@ -17,7 +17,8 @@ def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5) -> bool:
     return a.shape == b.shape and torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(), atol=atol, rtol=1e-4)
 
 
-def _diagnose_weights(weights: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, d_v: int, what: str) -> None:
+def _diagnose_weights(weights: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, d_v: int, what: str,
+                      d_in: int | None = None) -> None:
     """Name the usual mistakes in attention weights before comparing them value by value."""
     d_k = queries.size(-1)
     scores = queries @ keys.transpose(-2, -1)  # (..., T, d_k) @ (..., d_k, T) -> (..., T, T)
@@ -30,6 +31,13 @@ def _diagnose_weights(weights: torch.Tensor, queries: torch.Tensor, keys: torch.
         (torch.softmax(scores.transpose(-2, -1) / math.sqrt(d_k), dim=-1),
          "your weights are transposed: row i must hold query i's weights, so compute Q Kᵀ, not K Qᵀ"),
     ]
+    if d_in is not None and d_in not in (d_k, d_v, 1):
+        guesses.append((torch.softmax(scores / math.sqrt(d_in), dim=-1),
+                        f"you divided by sqrt({d_in}), the width of the input tokens; the scale comes from the width of "
+                        f"queries and keys after projection, sqrt(d_k) = sqrt({d_k})"))
+    if scores.dim() >= 3:
+        guesses.append((torch.softmax(scores / math.sqrt(d_k), dim=0),
+                        "your softmax runs over the batch (dim=0), so the sequences share one distribution; take it over the keys, dim=-1"))
     for guess, message in guesses:
         expect(not _close(weights, guess), f"{what}: {message}")
 
@@ -50,7 +58,7 @@ def check_self_attention_by_hand(self_attention_by_hand) -> str:
     what = f"weights for x of shape (T={T}, d_in={d_in}), d_k={d_k}, d_v={d_v}"
     expect_tensor(weights, what=what, shape=(T, T))
     queries, keys, values = x @ W_query, x @ W_key, x @ W_value  # (T, d_in) @ (d_in, d) -> (T, d)
-    _diagnose_weights(weights, queries, keys, d_v, what)
+    _diagnose_weights(weights, queries, keys, d_v, what, d_in=d_in)
     expected_context, expected_weights = scaled_dot_product_attention(queries, keys, values)
     expect_close(weights, expected_weights, what=what)
     expect_tensor(context, what=f"context (T={T}, d_v={d_v})", shape=(T, d_v))
@@ -77,6 +85,10 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
                "(raising one score also lowers every other probability)")
         expect(not _close(got, -torch.outer(p, p), atol=1e-6), f"{what}: your matrix is - p pᵀ; the diagonal term diag(p) is missing")
         expect(not _close(got, torch.outer(p, p) - torch.diag(p), atol=1e-6), f"{what}: your signs are flipped; the diagonal must be positive")
+        expect(not _close(got, torch.diag(p * (1 - p)), atol=1e-6), f"{what}: only your diagonal, p_i (1 - p_i), is right; the "
+               "off-diagonal entries - p_i p_j are missing (raising score j lowers every other probability)")
+        expect(not _close(got, torch.diag(p) - (p @ p), atol=1e-6), f"{what}: p @ p is a number (a dot product); the term you "
+               "need is the outer product p pᵀ, torch.outer(p, p), an (S, S) matrix")
         expect_close(got, expected, what=what, atol=1e-6)
         norms.append(float(expected.norm()))
     return (
@@ -115,7 +127,7 @@ def check_self_attention_module(module_class) -> str:
     expect_tensor(weights, what=what, shape=(B, T, T))
     with torch.no_grad():
         queries, keys, values = module.W_query(x), module.W_key(x), module.W_value(x)  # (B, T, d)
-        _diagnose_weights(weights, queries, keys, d_v, what)
+        _diagnose_weights(weights, queries, keys, d_v, what, d_in=d_in)
         expected_context, expected_weights = scaled_dot_product_attention(queries, keys, values)
     expect_close(weights, expected_weights, what=what)
     expect_close(context, expected_context, what=f"context for x of shape (B={B}, T={T}, d_in={d_in})")

@@ -41,6 +41,8 @@ def check_causal_mask(causal_mask_by_hand) -> str:
         expect(not torch.equal(got, expected.T), f"your mask lets each token see the future (upper triangle). You returned\n{_show(got)}")
         expect(not torch.equal(got, expected & ~torch.eye(T, dtype=torch.bool)),
                "the diagonal is missing: each token may attend to itself (query i sees keys 0..i, i included)")
+        expect(not torch.equal(got, torch.ones(T, T, dtype=torch.bool).tril(1)),
+               f"off by one: each query also sees the next token (j <= i + 1). Query i may see keys 0..i only. You returned\n{_show(got)}")
         if not torch.equal(got, expected):
             raise Mismatch(f"causal_mask_by_hand({T}) should be\n{_show(expected)}\nbut you returned\n{_show(got)}")
     return "your mask is True exactly where key j <= query i, as attn_course.causal_mask."
@@ -85,7 +87,41 @@ def check_masked_attention(masked_attention) -> str:
     output = expect_tensor(output, what=f"output (L={L}, E={v.size(-1)})", shape=expected_output.shape)
     expect(not bool(torch.isnan(output).any()), f"your output contains NaN (row {empty} has no key to attend to: its output must be zeros)")
     expect_close(output, expected_output, what=f"output (L={L}, E={v.size(-1)})")
-    return f"blocked keys get weight 0, and row {empty}, with nothing to attend to, gives zeros instead of NaN."
+
+    # A blocked key with a huge score: softmax-then-renormalise underflows to 0/0 here (section 3).
+    spiky_q = torch.zeros(2, 8)
+    spiky_q[:, 0] = 20.0
+    spiky_k = torch.zeros(3, 8)
+    spiky_k[2, 0] = 40.0  # key 2 scores 800 / sqrt(8) with both queries, and both may not see it
+    spiky_v = torch.arange(24, dtype=torch.float32).view(3, 8)
+    spiky_allowed = torch.tensor([[True, True, False], [True, False, False]])
+    what = "output when a blocked key has a huge score (about 283 after scaling)"
+    result = call(masked_attention, spiky_q, spiky_k, spiky_v, spiky_allowed)
+    expect(isinstance(result, tuple) and len(result) == 2, f"return a pair (output, weights); got {type(result).__name__}")
+    spiky_out = expect_tensor(result[0], what=what, shape=(2, 8))
+    expected_spiky, _ = scaled_dot_product_attention(spiky_q, spiky_k, spiky_v, attn_mask=spiky_allowed)
+    expect(not bool(torch.isnan(spiky_out).any()) and not torch.allclose(spiky_out.detach().float().cpu(), torch.zeros(2, 8)),
+           f"{what}: you get NaN or zeros. Did you take the softmax first and then zero and renormalise the blocked weights? The "
+           "huge blocked score takes all the weight in the first softmax, the allowed weights underflow to 0, and 0/0 follows. "
+           "Fill the blocked scores with -inf *before* the softmax")
+    expect_close(spiky_out, expected_spiky, what=what)
+
+    # Half precision, where -1e9 does not exist (section 4).
+    q16, k16, v16 = (t.to(torch.float16) for t in (q, k, v))
+    try:
+        result = masked_attention(q16, k16, v16, allowed.clone())
+    except RuntimeError as error:
+        raise Mismatch(f"in float16 your code raised RuntimeError: {error}. A fill value such as -1e9 does not exist in "
+                       "float16 (largest magnitude 65504, section 4): fill with float('-inf')") from None
+    except Exception as error:
+        raise Mismatch(f"in float16 your code raised {type(error).__name__}: {error}") from None
+    what = "output for float16 inputs"
+    expect(isinstance(result, tuple) and len(result) == 2, f"{what}: return a pair (output, weights); got {type(result).__name__}")
+    out16 = expect_tensor(result[0], what=what, shape=expected_output.shape)
+    expect(not bool(torch.isnan(out16).any()), f"{what}: your output contains NaN (row {empty} has no key to attend to)")
+    expect_close(out16.float(), expected_output, what=what, atol=2e-2, rtol=2e-2)
+    return (f"blocked keys get weight 0, also when their score is huge, and row {empty}, with nothing to attend to, gives zeros "
+            "instead of NaN, in float32 and in float16.")
 
 
 @exercise(
@@ -107,8 +143,11 @@ def check_batch_mask(batch_mask) -> str:
         padding = padding_mask(lengths, T)
         causal = causal_mask(T)
         wrong_axis = causal & padding[:, :, None]  # padding applied to the queries instead of the keys
-        expect(not torch.equal(got, wrong_axis), f"{what}: your padding mask blocks *queries* (rows) instead of *keys* "
-               "(columns): real tokens can still attend to padding. Use padding[:, None, :]")
+        expect(not torch.equal(got, wrong_axis), f"{what}: your padding mask blocks the padding *queries* (their rows are all "
+               "False) instead of the padding *keys* (columns). Behind the causal mask this hides the mistake for real tokens "
+               "(they never see later padding anyway), but every padding query now has nothing to attend to: NaN in a naive "
+               "softmax (section 7), and the same mask without the causal part would let real tokens read padding. "
+               "A padding mask blocks keys: padding[:, None, :]")
         expect(not torch.equal(got, causal.expand(B, T, T)), f"{what}: the padding is missing: every sequence got the plain causal mask")
         expect(not torch.equal(got, padding[:, None, :].expand(B, T, T)), f"{what}: the causal part is missing: tokens can see later tokens")
         expect(not torch.equal(got, ~expected), f"{what}: your mask is in the blocked convention (True = blocked); here True must mean 'may attend'")
