@@ -13,6 +13,13 @@
       var summary = details.querySelector("summary");
       if (summary) { summary.setAttribute("aria-label", "Show or hide the solution"); }
     });
+    // A solution's output that gives the answer away (tag hide-output) gets its own toggle.
+    document.querySelectorAll(".cell.tag_solution details.below-input").forEach(function (details) {
+      var shown = details.querySelector("summary .collapsed");
+      var hidden = details.querySelector("summary .expanded");
+      if (shown) { shown.textContent = "Show the solution's output"; }
+      if (hidden) { hidden.textContent = "Hide the solution's output"; }
+    });
   }
 
   // The ipywidgets embedder typesets widget labels with the MathJax 2 API (MathJax.Hub.Queue);

@@ -268,6 +268,7 @@ SHOWN_PICTURE = """(i) => {
 
 SOLUTIONS = """() => Array.from(document.querySelectorAll(".cell.tag_solution details")).map((d) => ({
   open: d.open,
+  input: d.classList.contains("above-input"),
   label: (d.querySelector("summary .collapsed") || {}).textContent,
 }))"""
 
@@ -347,7 +348,10 @@ def test_page_in_a_browser(page_name, browser_context, server, network):
 
         # Solutions: collapsed, labelled, and no download of the page source that would show them.
         solutions = page.evaluate(SOLUTIONS)
-        assert all(not s["open"] and s["label"] == "Show solution" for s in solutions), f"solutions not collapsed: {solutions}"
+        # A solution's code is collapsed behind "Show solution"; an output that gives the answer away
+        # (tag hide-output) is collapsed too, behind its own toggle.
+        assert all(not s["open"] for s in solutions), f"solutions not collapsed: {solutions}"
+        assert all(s["label"] == "Show solution" for s in solutions if s["input"]), f"solution toggles: {solutions}"
         if is_chapter(page_name) and "solution" in CHAPTER_TAGS.get(page_name, ()):
             assert solutions, "the chapter has solution cells but the page shows no collapsed solution"
         assert not page.eval_on_selector_all('a[href*="_sources"]', "(links) => links.map((a) => a.href)"), "a link to the page sources"
