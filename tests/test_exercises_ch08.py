@@ -1,21 +1,34 @@
-"""The exercise checks of chapter 08: right, wrong, crashing and untouched answers."""
+"""The exercise checks of chapter 08: right answers (and right answers written another way) pass,
+each plausible wrong answer is rejected with a message that names the mistake, crashes are reported
+without a traceback, and the untouched scaffold counts as not attempted."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from attn_course.exercises.ch08 import check_attention_row_online, check_kv_cache_bytes, check_online_softmax_update
+import attn_course as ac
+from attn_course.exercises.ch08 import (
+    check_attention_row_online,
+    check_cache_attention_step,
+    check_kv_cache_bytes,
+    check_merge_states,
+    check_online_softmax_update,
+)
 
 
 def _scaffold(*args):
     ...
 
 
-# --- right answers -------------------------------------------------------------------------------
+# --- right answers, with switches that turn them into the plausible wrong ones --------------------
 
-def update(running_max, running_sum, block, rescale=True):
-    new_max = torch.maximum(running_max, block.amax(dim=-1))
+def update(running_max, running_sum, block, rescale=True, axis=-1, global_max=False):
+    block_max = block.amax() if global_max else block.amax(dim=axis)
+    new_max = torch.maximum(running_max, block_max)
+    if global_max:
+        new_max = new_max.max().expand_as(running_max)
     old = running_sum * torch.exp(running_max - new_max) if rescale else running_sum
     return new_max, old + torch.exp(block - new_max[:, None]).sum(dim=-1)
 
@@ -33,16 +46,86 @@ def attention_row(query, keys, values, block_size, scale=True, normalise=True):
     return acc / row_sum if normalise else acc
 
 
+def merge(state_a, state_b, rescale_l=True, rescale_acc=True, global_max=False, guard=True):
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)  # (R,)
+    if global_max:
+        m = m[torch.isfinite(m)].max().expand_as(m)
+    reference = torch.where(torch.isfinite(m), m, torch.zeros_like(m)) if guard else m  # 0 for an infinite max
+    scale_a, scale_b = torch.exp(m_a - reference), torch.exp(m_b - reference)  # (R,)
+    l = (l_a * scale_a if rescale_l else l_a) + (l_b * scale_b if rescale_l else l_b)
+    acc = (acc_a * scale_a[:, None] if rescale_acc else acc_a) + (acc_b * scale_b[:, None] if rescale_acc else acc_b)
+    return m, l, acc
+
+
+def merge_by_logsumexp(state_a, state_b):  # another right answer: keep (log-sum-exp, normalised output) per part
+    def parts(state):
+        m, l, acc = state
+        lse = torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("-inf")))  # (R,)
+        out = torch.where(l[:, None] > 0, acc / l.clamp_min(1e-300)[:, None], torch.zeros_like(acc))  # (R, Dv)
+        return lse, out
+    (lse_a, out_a), (lse_b, out_b) = parts(state_a), parts(state_b)
+    lse = torch.logaddexp(lse_a, lse_b)  # (R,)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    w_a, w_b = torch.exp(lse_a - safe), torch.exp(lse_b - safe)  # shares of the softmax mass
+    out = w_a[:, None] * out_a + w_b[:, None] * out_b
+    l = torch.isfinite(lse).to(lse.dtype)  # reference m = lse, so l = 1 (0 where nothing was seen)
+    return safe, l, out * l[:, None]
+
+
 def kv_cache_bytes(num_layers, num_heads, head_dim, seq_len, batch_size, bytes_per_number):
     return 2 * num_layers * num_heads * head_dim * seq_len * batch_size * bytes_per_number
 
 
+GPT2_TOKENS = 64 * 2**30 / kv_cache_bytes(12, 12, 64, 1, 1, 2)
+
+
+def cache_attention_step(query, key, value, cache_keys, cache_values, length, *, align="bottom_right", mask=True,
+                         offset=True, in_place=True, whole=False, scale=True, inverted=False):
+    T = query.size(2)
+    at = length if offset else 0
+    if in_place:
+        cache_keys[:, :, at:at + T], cache_values[:, :, at:at + T] = key, value
+        S = cache_keys.size(2) if whole else length + T
+        keys, values = cache_keys[:, :, :S], cache_values[:, :, :S]  # (B, H, S, D)
+    else:  # torch.cat: new tensors, the buffers unchanged
+        keys = torch.cat([cache_keys[:, :, :length], key], dim=2)
+        values = torch.cat([cache_values[:, :, :length], value], dim=2)
+        S = length + T
+    allowed = ac.causal_mask(T, S, align=align) if mask else None  # (T, S), True = may attend
+    if inverted:
+        allowed = ~allowed
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, scale=None if scale else 1.0)
+
+
+def cache_step_by_hand(query, key, value, cache_keys, cache_values, length):
+    """Another right answer: explicit scores and an index-built mask instead of F.sdpa and ac.causal_mask."""
+    T, D = query.size(2), query.size(-1)
+    cache_keys[:, :, length:length + T] = key
+    cache_values[:, :, length:length + T] = value
+    keys, values = cache_keys[:, :, :length + T], cache_values[:, :, :length + T]
+    scores = query @ keys.transpose(-2, -1) / math.sqrt(D)  # (B, H, T, S)
+    key_position = torch.arange(length + T)
+    query_position = length + torch.arange(T)
+    blocked = key_position[None, :] > query_position[:, None]  # (T, S): True = a later token
+    return scores.masked_fill(blocked, float("-inf")).softmax(dim=-1) @ values  # (B, H, T, D)
+
+
 def test_right_answers_pass():
     for feedback in (check_online_softmax_update(update), check_attention_row_online(attention_row),
-                     check_kv_cache_bytes(kv_cache_bytes)):
+                     check_merge_states(merge), check_kv_cache_bytes(kv_cache_bytes, GPT2_TOKENS),
+                     check_cache_attention_step(cache_attention_step)):
         assert feedback.status == "correct", str(feedback)
         assert bool(feedback)
-    assert "16 GiB" in check_kv_cache_bytes(kv_cache_bytes).message
+    assert "16 GiB" in check_kv_cache_bytes(kv_cache_bytes, GPT2_TOKENS).message
+
+
+def test_other_right_answers_pass():
+    assert check_merge_states(merge_by_logsumexp)
+    assert check_cache_attention_step(cache_step_by_hand)
+    assert check_kv_cache_bytes(kv_cache_bytes, round(GPT2_TOKENS))  # rounded to a whole token
+    assert check_kv_cache_bytes(kv_cache_bytes, int(GPT2_TOKENS))
+    assert check_kv_cache_bytes(lambda *a: torch.tensor(kv_cache_bytes(*a)), torch.tensor(GPT2_TOKENS))
 
 
 def test_float32_answers_pass():
@@ -50,12 +133,22 @@ def test_float32_answers_pass():
     assert check_attention_row_online(lambda q, k, v, n: attention_row(q.float(), k.float(), v.float(), n))
 
 
+def test_the_question_is_part_of_exercise_3():
+    feedback = check_kv_cache_bytes(kv_cache_bytes)  # the function alone, no answer to the question yet
+    assert feedback.status == "not attempted"
+    assert check_kv_cache_bytes(kv_cache_bytes, ...).status == "not attempted"
+
+
 # --- wrong answers say what is wrong -------------------------------------------------------------
 
 @pytest.mark.parametrize(
     "check, answer, text",
     [
+        # exercise 1: no rescaling, per-column or global maximum, not a pair, a wrong sum
         (check_online_softmax_update, lambda m, s, b: update(m, s, b, rescale=False), "multiply it by exp(running_max - new_max)"),
+        (check_online_softmax_update, lambda m, s, b: (b.amax(dim=0), s), "over dim 0"),
+        (check_online_softmax_update, lambda m, s, b: update(m, s, b, global_max=True), "not global"),
+        (check_online_softmax_update, lambda m, s, b: (b.max(), s), "one number for all rows"),
         (check_online_softmax_update, lambda m, s, b: (b.amax(dim=-1), s), "new_max"),
         (check_online_softmax_update, lambda m, s, b: update(m, s, b)[0], "return a pair"),
         (check_online_softmax_update, lambda m, s, b: (update(m, s, b)[0], torch.exp(b).sum(-1)), "new_sum"),
@@ -63,19 +156,93 @@ def test_float32_answers_pass():
         (check_attention_row_online, lambda q, k, v, n: attention_row(q, k, v, n, normalise=False), "not divided by the running sum"),
         (check_attention_row_online, lambda q, k, v, n: attention_row(q, k[:n], v[:n], n), "block_size=4"),
         (check_attention_row_online, lambda q, k, v, n: v.mean(0)[:2], "expected shape (3,)"),
+        # exercise 2: no rescaling, l only, the mean of the outputs, a global maximum, NaN for empty rows
+        (check_merge_states, lambda a, b: merge(a, b, rescale_l=False, rescale_acc=False), "as they are"),
+        (check_merge_states, lambda a, b: merge(a, b, rescale_acc=False), "but not the accumulators"),
+        (check_merge_states, lambda a, b: (torch.maximum(a[0], b[0]), torch.full_like(a[1], 2.0),
+                                           a[2] / a[1][:, None] + b[2] / b[1][:, None]), "mean of the two partial outputs"),
+        (check_merge_states, lambda a, b: merge(a, b, global_max=True), "global"),
+        (check_merge_states, lambda a, b: merge(a, b, guard=False), "exp(-inf - (-inf))"),
+        (check_merge_states, lambda a, b: merge(a, b)[:2], "return a triple"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l, acc.T))(*merge(a, b)), "expected shape (5, 3)"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l + 1e-3, acc))(*merge(a, b)), "values differ"),
+        # exercise 3: half (keys only), one layer, one sequence, numbers not bytes, and the question
         (check_kv_cache_bytes, lambda *a: kv_cache_bytes(*a) // 2, "keys *and* values"),
-        (check_kv_cache_bytes, lambda *a: kv_cache_bytes(*a) * 8, "expected 37,748,736 bytes"),
+        (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(1, h, d, s, b, p), "that is one layer"),
+        (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(n, h, d, s, 1, p), "that is one sequence"),
+        (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(n, h, d, s, b, 1), "not bytes"),
+        (check_kv_cache_bytes, lambda *a: kv_cache_bytes(*a) * 8, "expected 768,000 bytes"),
         (check_kv_cache_bytes, lambda *a: str(kv_cache_bytes(*a)), "return a number"),
     ],
 )
 def test_wrong_answers_are_explained(check, answer, text):
     feedback = check(answer)
     assert feedback.status == "incorrect", str(feedback)
-    assert text in str(feedback)
+    assert text in str(feedback), str(feedback)
     assert "Hint:" in str(feedback)
 
 
-@pytest.mark.parametrize("check", [check_online_softmax_update, check_attention_row_online, check_kv_cache_bytes])
+@pytest.mark.parametrize(
+    "tokens, text",
+    [
+        (64e9 / kv_cache_bytes(12, 12, 64, 1, 1, 2), "64 GB"),
+        (2 * GPT2_TOKENS, "twice the answer"),
+        (12 * GPT2_TOKENS, "all 12 layers"),
+        (GPT2_TOKENS / 12, "all 12 layers"),
+        (GPT2_TOKENS + 5, "divide 64 GiB"),
+        ("1.9 million", "expected a number of tokens"),
+    ],
+)
+def test_wrong_answers_to_the_question_are_explained(tokens, text):
+    feedback = check_kv_cache_bytes(kv_cache_bytes, tokens)
+    assert feedback.status == "incorrect", str(feedback)
+    assert text in feedback.message, feedback.message
+
+
+@pytest.mark.parametrize(
+    "options, text",
+    [
+        ({"mask": False}, "see each other's future"),
+        ({"align": "top_left"}, "top-left corner"),
+        ({"offset": False}, "at position 0"),
+        ({"in_place": False}, "did not change"),
+        ({"whole": True}, "empty ones too"),
+        ({"whole": True, "mask": False}, "empty ones too"),
+        ({"scale": False}, "sqrt(D)"),
+        ({"inverted": True}, "other way round"),
+    ],
+)
+def test_wrong_cache_steps_are_explained(options, text):
+    feedback = check_cache_attention_step(lambda *args: cache_attention_step(*args, **options))
+    assert feedback.status == "incorrect", str(feedback)
+    assert text in feedback.message, feedback.message
+    assert "Hint:" in str(feedback)
+
+
+def test_more_wrong_cache_steps():
+    def swapped(q, k, v, ck, cv, n):  # keys into the value buffer
+        return cache_attention_step(q, v, k, ck, cv, n)
+
+    def one_too_far(q, k, v, ck, cv, n):  # writes one slot late
+        return cache_attention_step(q, k, v, ck, cv, n + 1)
+
+    def wrong_shape(q, k, v, ck, cv, n):
+        return cache_attention_step(q, k, v, ck, cv, n).transpose(1, 2)
+
+    for answer, text in ((swapped, "keys go to cache_keys"), (one_too_far, "should hold the keys"),
+                         (wrong_shape, "expected shape")):
+        feedback = check_cache_attention_step(answer)
+        assert feedback.status == "incorrect", str(feedback)
+        assert text in feedback.message, feedback.message
+
+
+def test_a_maximum_over_the_wrong_axis_is_not_accepted():
+    feedback = check_online_softmax_update(lambda m, s, b: update(m, s, b, axis=0))  # crashes on (3,) vs (4,)
+    assert feedback.status == "error" and "RuntimeError" in feedback.message
+
+
+@pytest.mark.parametrize("check", [check_online_softmax_update, check_attention_row_online, check_merge_states,
+                                   check_kv_cache_bytes, check_cache_attention_step])
 def test_crashing_and_untouched_answers(check):
     crashed = check(lambda *args: 1 / 0)
     assert crashed.status == "error" and "ZeroDivisionError" in str(crashed) and "Traceback" not in str(crashed)
