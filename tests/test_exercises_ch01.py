@@ -1,9 +1,10 @@
-"""The exercise checks of chapter 01: right, wrong, crashing and untouched answers."""
+"""The exercise checks of chapter 01: for each exercise, the right answer written more than one way and a
+table of the wrong answers students plausibly write, each rejected with a message that names the mistake."""
 
 import pytest
 import torch
 
-from attn_course.exercises.ch01 import check_bahdanau_attention, check_luong_attention, check_teacher_forcing_inputs
+from attn_course.exercises.ch01 import check_general_attention, check_luong_attention, check_teacher_forcing_inputs
 
 
 def scaffold(*args):
@@ -14,32 +15,68 @@ def crashes(*args):
     raise RuntimeError("shapes do not match")
 
 
-# --- Exercise 1 -----------------------------------------------------------------------------------
+# --- Exercise 1: Luong's general score ------------------------------------------------------------
 
-def bahdanau_right(s, H, W, U, v):
-    hidden = torch.tanh((s @ W.T)[:, None, :] + H @ U.T)  # (B, S, A)
-    weights = torch.softmax(hidden @ v, dim=-1)  # (B, S)
-    return (weights[:, :, None] * H).sum(1), weights
-
-
-def bahdanau_no_tanh(s, H, W, U, v):
-    scores = ((s @ W.T)[:, None, :] + H @ U.T) @ v
+def general_right(s, H, W_a):
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1)  # (B, S)
     weights = torch.softmax(scores, dim=-1)
     return (weights[:, :, None] * H).sum(1), weights
 
 
-def bahdanau_wrong_axis(s, H, W, U, v):
-    weights = torch.softmax(torch.tanh((s @ W.T)[:, None, :] + H @ U.T) @ v, dim=0)
+def general_einsum(s, H, W_a):  # another correct formulation
+    weights = torch.softmax(torch.einsum("bq,qk,bsk->bs", s, W_a, H), dim=-1)
+    return torch.einsum("bs,bsk->bk", weights, H), weights
+
+
+def general_bmm(s, H, W_a):  # and another: project the keys instead of the query
+    keys = H @ W_a.T  # (B, S, Dq)
+    weights = torch.softmax((keys @ s[:, :, None])[..., 0], dim=-1)
+    return (weights[:, None, :] @ H)[:, 0], weights
+
+
+def general_transposed(s, H, W_a):
+    weights = torch.softmax(((s @ W_a.T)[:, None, :] * H).sum(-1), dim=-1)
     return (weights[:, :, None] * H).sum(1), weights
 
 
-def bahdanau_wrong_context(s, H, W, U, v):
-    _, weights = bahdanau_right(s, H, W, U, v)
+def general_no_W(s, H, W_a):
+    weights = torch.softmax((s[:, None, :] * H).sum(-1), dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_scaled(s, H, W_a):
+    weights = torch.softmax(((s @ W_a)[:, None, :] * H).sum(-1) / H.size(-1) ** 0.5, dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_wrong_axis(s, H, W_a):
+    weights = torch.softmax(((s @ W_a)[:, None, :] * H).sum(-1), dim=0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_scores(s, H, W_a):
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights[:, :, None] * H).sum(1), scores
+
+
+def general_broadcast(s, H, W_a):
+    weights = torch.softmax((s @ W_a) @ H.transpose(1, 2), dim=-1)  # (B, Dk) @ (B, Dk, S) -> (B, B, S)
+    return (weights @ H).sum(1), weights
+
+
+def general_swapped(s, H, W_a):
+    context, weights = general_right(s, H, W_a)
+    return weights, context
+
+
+def general_mean_context(s, H, W_a):
+    _, weights = general_right(s, H, W_a)
     return H.mean(1), weights
 
 
-def bahdanau_one_output(s, H, W, U, v):
-    return bahdanau_right(s, H, W, U, v)[1]
+def general_weights_only(s, H, W_a):
+    return general_right(s, H, W_a)[1]
 
 
 # --- Exercise 2 -----------------------------------------------------------------------------------
@@ -65,6 +102,34 @@ def luong_no_mask(s, H, padding_mask):
     return (weights[:, :, None] * H).sum(1), weights
 
 
+def luong_renormalised(s, H, padding_mask):  # another correct formulation
+    weights = torch.softmax((H @ s[:, :, None])[..., 0], dim=-1) * (~padding_mask)
+    total = weights.sum(-1, keepdim=True)
+    weights = torch.where(total > 0, weights / total.clamp_min(1e-30), torch.zeros_like(weights))
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_zero_fill(s, H, padding_mask):
+    weights = torch.softmax((H @ s[:, :, None])[..., 0].masked_fill(padding_mask, 0.0), dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_large_negative(s, H, padding_mask):
+    weights = torch.softmax((H @ s[:, :, None])[..., 0].masked_fill(padding_mask, -1e9), dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_wrong_axis(s, H, padding_mask):
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf"))
+    weights = torch.nan_to_num(torch.softmax(scores, dim=0))
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_context_ignores_weights(s, H, padding_mask):
+    _, weights = luong_right(s, H, padding_mask)
+    return (H * (~padding_mask)[:, :, None]).mean(1), weights
+
+
 def luong_mask_after_softmax(s, H, padding_mask):
     weights = torch.softmax((H @ s[:, :, None])[..., 0], dim=-1).masked_fill(padding_mask, 0.0)  # not renormalised
     return (weights[:, :, None] * H).sum(1), weights
@@ -88,26 +153,62 @@ def inputs_bos_last(target, bos_id):
     return torch.cat([target[:, 1:], torch.full_like(target[:, :1], bos_id)], dim=1)
 
 
+def inputs_roll(target, bos_id):  # another correct formulation
+    shifted = torch.roll(target, 1, dims=1).clone()
+    shifted[:, 0] = bos_id
+    return shifted
+
+
+def inputs_roll_no_bos(target, bos_id):
+    return torch.roll(target, 1, dims=1)
+
+
+def inputs_batch_axis(target, bos_id):
+    return torch.cat([torch.full_like(target[:1], bos_id), target[:-1]], dim=0)
+
+
+def inputs_bos_replaces_first(target, bos_id):
+    inputs = target.clone()
+    inputs[:, 0] = bos_id
+    return inputs
+
+
 def inputs_hard_coded(target, bos_id):
     return torch.tensor([[11, 3, 1, 4], [11, 5, 9, 2]])
 
 
 CASES = [
     # (check, answer, expected status, words the message must contain)
-    (check_bahdanau_attention, bahdanau_right, "correct", "AdditiveAttention"),
-    (check_bahdanau_attention, bahdanau_no_tanh, "incorrect", "without the tanh"),
-    (check_bahdanau_attention, bahdanau_wrong_axis, "incorrect", "dim=0"),
-    (check_bahdanau_attention, bahdanau_wrong_context, "incorrect", "context"),
-    (check_bahdanau_attention, bahdanau_one_output, "incorrect", "pair"),
+    (check_general_attention, general_right, "correct", "widths differ"),
+    (check_general_attention, general_einsum, "correct", "widths differ"),
+    (check_general_attention, general_bmm, "correct", "widths differ"),
+    (check_general_attention, general_transposed, "incorrect", "W_a transposed"),
+    (check_general_attention, general_no_W, "incorrect", "ignore W_a"),
+    (check_general_attention, general_scaled, "incorrect", "sqrt(Dk)"),
+    (check_general_attention, general_wrong_axis, "incorrect", "dim=0"),
+    (check_general_attention, general_scores, "incorrect", "before the softmax"),
+    (check_general_attention, general_broadcast, "incorrect", "broadcasts"),
+    (check_general_attention, general_swapped, "incorrect", "in that order"),
+    (check_general_attention, general_mean_context, "incorrect", "context"),
+    (check_general_attention, general_weights_only, "incorrect", "pair"),
     (check_luong_attention, luong_right, "correct", "not NaN"),
+    (check_luong_attention, luong_renormalised, "correct", "not NaN"),
     (check_luong_attention, luong_nan_row, "incorrect", "fully padded row"),
     (check_luong_attention, luong_inverted_mask, "incorrect", "True marks padding"),
     (check_luong_attention, luong_no_mask, "incorrect", "exactly 0"),
-    (check_luong_attention, luong_mask_after_softmax, "incorrect", "values differ"),
+    (check_luong_attention, luong_zero_fill, "incorrect", "a fill of 0"),
+    (check_luong_attention, luong_large_negative, "incorrect", "-1e9"),
+    (check_luong_attention, luong_wrong_axis, "incorrect", "dim=0"),
+    (check_luong_attention, luong_mask_after_softmax, "incorrect", "after the softmax"),
+    (check_luong_attention, luong_context_ignores_weights, "incorrect", "context"),
     (check_teacher_forcing_inputs, inputs_right, "correct", "never the token"),
+    (check_teacher_forcing_inputs, inputs_roll, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_identity, "incorrect", "target itself"),
     (check_teacher_forcing_inputs, inputs_too_long, "incorrect", "drop the last"),
     (check_teacher_forcing_inputs, inputs_bos_last, "incorrect", "begin-of-sequence"),
+    (check_teacher_forcing_inputs, inputs_roll_no_bos, "incorrect", "torch.roll"),
+    (check_teacher_forcing_inputs, inputs_batch_axis, "incorrect", "batch axis"),
+    (check_teacher_forcing_inputs, inputs_bos_replaces_first, "incorrect", "Shift the whole target"),
     (check_teacher_forcing_inputs, inputs_hard_coded, "incorrect", "hard-coding"),
 ]
 
@@ -118,11 +219,11 @@ def test_feedback(check, answer, status, words):
     assert feedback.status == status, str(feedback)
     assert words in str(feedback), str(feedback)
     assert bool(feedback) == (status == "correct")
-    if status == "incorrect":
+    if status in ("incorrect", "error"):
         assert "Hint:" in str(feedback)
 
 
-@pytest.mark.parametrize("check", [check_bahdanau_attention, check_luong_attention, check_teacher_forcing_inputs])
+@pytest.mark.parametrize("check", [check_general_attention, check_luong_attention, check_teacher_forcing_inputs])
 def test_scaffold_is_not_attempted_and_crashes_are_reported_without_traceback(check):
     assert check(scaffold).status == "not attempted"
     assert check(None).status == "not attempted"
