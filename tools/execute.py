@@ -54,9 +54,13 @@ def _sanitizers() -> list[tuple[re.Pattern, str]]:
 def compared_text(cell, sanitizers) -> str:
     """The text nbval compares for one cell: streams and text/plain of results, sanitised."""
     parts = []
+    streams = {}  # nbval merges the chunks of each stream (coalesce_streams): so do we
     for output in cell.get("outputs", []):
         if output.output_type == "stream":
-            parts.append(f"{output.name}: {output.text}")
+            if output.name not in streams:
+                streams[output.name] = len(parts)
+                parts.append(f"{output.name}: ")
+            parts[streams[output.name]] += output.text
         elif output.output_type in ("execute_result", "display_data"):
             data = output.get("data", {})
             if "text/plain" in data and not any(k.startswith("image/") or "widget" in k for k in data):
