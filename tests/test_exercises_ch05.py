@@ -162,6 +162,7 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
         (check_count_parameters, lambda e, h, b, dk: h * count_parameters(e, h, b, dk), "does not grow with the number of heads"),
         (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, False, dk), "left out the four bias vectors"),
         (check_count_parameters, count_with(bias_qk="E"), "H * qk_head_dim entries each"),
+        (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, True, dk), "With bias=False the projections have no biases"),
         (check_count_parameters, lambda e, h, b, dk: 4 * e * e + (4 * e if b else 0), "left qk_head_dim out"),
         (check_count_parameters, lambda e, h, b, dk: "many", "expected a number, got str"),
         (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, use_mask=False), "no effect"),

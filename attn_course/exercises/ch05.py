@@ -175,6 +175,8 @@ def check_count_parameters(count_parameters) -> str:
             message += " The count does not grow with the number of heads: the H heads share out the width."
         elif bias and got == _parameter_count(E, H, False, qk_head_dim):
             message += " You left out the four bias vectors."
+        elif not bias and got == _parameter_count(E, H, True, qk_head_dim):
+            message += " With bias=False the projections have no biases: count only the weights."
         elif bias and qk_head_dim is not None and got == _count(E, H, False, H * dk, E, E) + 4 * E:
             message += " The query and key biases have H * qk_head_dim entries each, not E."
         raise Mismatch(message)
