@@ -210,3 +210,31 @@ def test_sdpa_backend_calls_the_fused_kernel(monkeypatch):
     x = torch.randn(1, 3, 8)
     ours(x, x, x, is_causal=True, need_weights=False)
     assert calls == [True]
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("qk_head_dim", [1, 3, 8])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_qk_head_dim_against_sdpa(backend, qk_head_dim, is_causal, device):
+    """Narrower (or wider) queries and keys than values, the paper's d_k (Table 3, rows B): the scale
+    is 1/sqrt(d_k), values and output keep their width."""
+    torch.manual_seed(qk_head_dim)
+    B, L, E, H = 2, 5, 12, 3
+    mha = ac.MultiHeadAttention(E, H, qk_head_dim=qk_head_dim, backend=backend).to(device)
+    x = torch.randn(B, L, E, device=device)
+    out, weights = mha(x, x, x, is_causal=is_causal)
+    q = mha.q_proj(x).view(B, L, H, qk_head_dim).transpose(1, 2)  # (B, H, L, d_k)
+    k = mha.k_proj(x).view(B, L, H, qk_head_dim).transpose(1, 2)  # (B, H, L, d_k)
+    v = mha.v_proj(x).view(B, L, H, E // H).transpose(1, 2)       # (B, H, L, D)
+    context = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)  # (B, H, L, D)
+    expected = mha.out_proj(context.transpose(1, 2).reshape(B, L, E))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    assert mha.q_proj.weight.shape == (H * qk_head_dim, E) and mha.v_proj.weight.shape == (E, E)
+    if weights is not None:
+        assert weights.shape == (B, H, L, L)
+
+
+@pytest.mark.parametrize("qk_head_dim", [0, -2, 2.5, True])
+def test_qk_head_dim_must_be_a_positive_int(qk_head_dim):
+    with pytest.raises((TypeError, ValueError), match="qk_head_dim"):
+        ac.MultiHeadAttention(12, 3, qk_head_dim=qk_head_dim)
