@@ -75,6 +75,11 @@ def general_mean_context(s, H, W_a):
     return H.mean(1), weights
 
 
+def general_context_broadcast(s, H, W_a):
+    _, weights = general_right(s, H, W_a)
+    return weights @ H, weights  # (B, S) @ (B, S, Dk) -> (B, B, Dk)
+
+
 def general_weights_only(s, H, W_a):
     return general_right(s, H, W_a)[1]
 
@@ -128,6 +133,11 @@ def luong_wrong_axis(s, H, padding_mask):
 def luong_context_ignores_weights(s, H, padding_mask):
     _, weights = luong_right(s, H, padding_mask)
     return (H * (~padding_mask)[:, :, None]).mean(1), weights
+
+
+def luong_context_broadcast(s, H, padding_mask):
+    _, weights = luong_right(s, H, padding_mask)
+    return weights @ H, weights  # (B, S) @ (B, S, D) -> (B, B, D)
 
 
 def luong_mask_after_softmax(s, H, padding_mask):
@@ -190,6 +200,7 @@ CASES = [
     (check_general_attention, general_broadcast, "incorrect", "broadcasts"),
     (check_general_attention, general_swapped, "incorrect", "in that order"),
     (check_general_attention, general_mean_context, "incorrect", "context"),
+    (check_general_attention, general_context_broadcast, "incorrect", "own row"),
     (check_general_attention, general_weights_only, "incorrect", "pair"),
     (check_luong_attention, luong_right, "correct", "not NaN"),
     (check_luong_attention, luong_renormalised, "correct", "not NaN"),
@@ -201,6 +212,7 @@ CASES = [
     (check_luong_attention, luong_wrong_axis, "incorrect", "dim=0"),
     (check_luong_attention, luong_mask_after_softmax, "incorrect", "after the softmax"),
     (check_luong_attention, luong_context_ignores_weights, "incorrect", "context"),
+    (check_luong_attention, luong_context_broadcast, "incorrect", "own row"),
     (check_teacher_forcing_inputs, inputs_right, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_roll, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_identity, "incorrect", "target itself"),

@@ -20,6 +20,15 @@ def _pair(result, what: str):
     return result
 
 
+def _context_shape(context, B: int, width: int, what: str) -> torch.Tensor:
+    """The context must be (B, width); name the broadcast that weights @ H makes of (B, S) @ (B, S, width)."""
+    if isinstance(context, torch.Tensor) and tuple(context.shape) == (B, B, width):
+        raise Mismatch(f"{what}: expected shape {(B, width)}, got {(B, B, width)}: weights @ H multiplies the (B, S) "
+                       "weights, as one matrix, with every sentence's states. Give each sentence its own row: "
+                       "(weights[:, None, :] @ H)[:, 0], or (weights[:, :, None] * H).sum(1)")
+    return expect_tensor(context, what=what, shape=(B, width))
+
+
 def _general(s, H, W_a):
     """Reference for Luong's general score: e_j = s^T W_a h_j, softmax over j, c = sum_j a_j h_j."""
     scores = ((s @ W_a)[:, None, :] * H).sum(dim=-1)  # (B, Dk) -> (B, 1, Dk) * (B, S, Dk) -> (B, S)
@@ -89,7 +98,7 @@ def check_general_attention(general_attention) -> str:
                 raise Mismatch(f"{what}: each row must sum to one over the source positions; got row sums "
                                f"{[round(v, 3) for v in w.sum(-1).tolist()]}. Did you return the scores, before the softmax?")
         expect_close(weights, expected_weights, what=what)
-        context = expect_tensor(context, what=f"context for {shapes}", shape=(B, Dk))
+        context = _context_shape(context, B, Dk, f"context for {shapes}")
         expect_close(context, expected_context, what=f"context for {shapes}")
     return "your weights and context vectors are right, also when the decoder and encoder widths differ."
 
@@ -136,6 +145,7 @@ def check_luong_attention(luong_attention) -> str:
            f"{what}: padding positions must get weight exactly 0; got {[round(v, 4) for v in w[padding_mask].tolist()]}. "
            "Fill their scores with float('-inf') before the softmax (a fill of 0 is an ordinary score)")
     expect_close(weights, expected_weights, what=what)
+    context = _context_shape(context, B, D, "context for s (B=3, D=4), H (B=3, S=5, D=4) and a padding mask")
     expect_close(context, expected_context, what="context for s (B=3, D=4), H (B=3, S=5, D=4) and a padding mask")
     return "your weights ignore the padding, and the fully padded row gives zeros, not NaN."
 
