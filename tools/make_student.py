@@ -104,7 +104,7 @@ def exercises(nb: dict) -> list[dict]:
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            match = re.search(r"^#+\s*(Exercise.*)$", source, re.MULTILINE)
+            match = re.search(r"^#+\s*(Exercise(?!s)\b.*)$", source, re.MULTILINE)
             if match:
                 heading = match.group(1).strip()
         elif SOLUTION_TAG in tags(cell):
