@@ -63,7 +63,9 @@
       var name = label && label.textContent.trim();
       handle.setAttribute("aria-label", name || "slider");
     });
-    document.querySelectorAll(".widget-box, .widget-container, .cell_output .output pre").forEach(function (box) {
+    var boxes = ".widget-box, .widget-container, .cell_output .output pre, .cell_output .output_html, " +
+      "main pre, main .pst-scrollable-table-container, main .table-wrapper, main .math-wrapper, main mjx-container[display]";
+    document.querySelectorAll(boxes).forEach(function (box) {
       if (box.hasAttribute("tabindex")) { return; }
       var style = window.getComputedStyle(box);
       var scrolls = /(auto|scroll)/.test(style.overflowX + style.overflowY) &&
@@ -76,13 +78,19 @@
 
   function watchWidgets() {
     widgetAccessibility();
-    if (!("MutationObserver" in window)) { return; }
     var pending = false;
-    new MutationObserver(function () {
+    function schedule() {
       if (pending) { return; }
       pending = true;
       window.requestAnimationFrame(function () { pending = false; widgetAccessibility(); });
-    }).observe(document.body, { childList: true, subtree: true });
+    }
+    // A box starts to scroll when what it holds changes, and also when a picture in it finishes
+    // loading or the window narrows, which change no element: look again then too.
+    document.addEventListener("load", schedule, true);  // pictures' load events, caught on the way down
+    window.addEventListener("resize", schedule);
+    if ("MutationObserver" in window) {
+      new MutationObserver(schedule).observe(document.body, { childList: true, subtree: true, attributes: true, attributeFilter: ["style", "class"] });
+    }
   }
 
   function onReady() {

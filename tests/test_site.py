@@ -601,6 +601,11 @@ def _set_theme(page, theme: str) -> None:
     """The theme's own switch: pydata-sphinx-theme reads data-theme (and data-mode) on <html>."""
     page.evaluate("""(theme) => { document.documentElement.dataset.mode = theme; document.documentElement.dataset.theme = theme;
                      localStorage.setItem("mode", theme); localStorage.setItem("theme", theme); }""", theme)
+    # The theme fades its colours (CSS transitions): judge contrast only once every fade has ended,
+    # or axe reads a half-switched page (white text on a still-light button).
+    page.wait_for_timeout(50)
+    page.evaluate("""() => Promise.race([new Promise((done) => setTimeout(done, 2000)),
+        Promise.all(document.getAnimations().filter((a) => a instanceof CSSTransition).map((a) => a.finished.catch(() => null)))])""")
     page.wait_for_timeout(100)
 
 
