@@ -117,7 +117,8 @@ def test_grading_submissions_tells_correct_error_and_not_attempted(tmp_path):
     submission.write_text(json.dumps(nb))
     checks = make_student.execute_student(submission, allow_errors=True, cwd=ROOT / "chapters")
     verdicts = [make_student.verdict(text) for text in checks.values()]
-    assert verdicts == ["correct", "error", "not attempted"], checks
+    assert len(verdicts) >= 3, checks
+    assert verdicts == ["correct", "error"] + ["not attempted"] * (len(verdicts) - 2), checks
 
 
 def test_instructor_page_names_every_chapter_and_check():
