@@ -23,7 +23,7 @@ from .gqa import GroupedQueryAttention, RollingKVCache  # 10
 from .plotting import plot_attention, plot_attention_grid
 from .widgets import explorable
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place the version is set: pyproject.toml reads it, `make sync` writes it into the first cells
 
 __all__ = [
     "get_device",

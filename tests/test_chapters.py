@@ -44,6 +44,20 @@ def test_setup_cells_match_the_template():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# Chapters that need a GPU runtime on Colab (none so far: every chapter runs on a 2-core CPU in about
+# a minute). A chapter listed here may ask Colab for one in its metadata; no other chapter may.
+CHAPTERS_NEEDING_A_GPU: set[str] = set()
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_chapter_asks_colab_for_an_accelerator_it_does_not_need(path):
+    metadata = json.loads(path.read_text())["metadata"]
+    asked = {key: value for key, value in (("accelerator", metadata.get("accelerator")),
+                                            ("colab.gpuType", metadata.get("colab", {}).get("gpuType"))) if value}
+    if path.stem not in CHAPTERS_NEEDING_A_GPU:
+        assert not asked, f"{path.name} asks Colab for {asked} but is not in CHAPTERS_NEEDING_A_GPU"
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_chapter_anatomy(path):
     nb = json.loads(path.read_text())
