@@ -16,10 +16,12 @@ from .multihead import MultiHeadAttention  # 05
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, TokenEmbedding, sinusoidal_positional_encoding  # 06
 from .transformer import DecoderLayer, EncoderLayer, FeedForward, Transformer, TransformerConfig  # 07
 from .efficient import online_softmax, tiled_attention  # 08
-from .kv_cache import DecoderOnlyLM, KVCache, cached_self_attention, generate  # 08
+from .caches import KVCache, cached_self_attention  # 08
 from .rotary import RotaryEmbedding, apply_rotary_embedding  # 09
 from .alibi import alibi_bias, alibi_slopes  # 09
-from .gqa import GroupedQueryAttention, RollingKVCache  # 10
+from .caches import RollingKVCache  # 10
+from .gqa import GroupedQueryAttention  # 10
+from .decoder import DecoderOnlyLM, generate  # 08-11
 from .plotting import plot_attention, plot_attention_grid
 from .widgets import explorable
 

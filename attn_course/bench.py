@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_bool, check_positive_int, describe
+from .gqa import GroupedQueryAttention
 from .multihead import MultiHeadAttention
 from .scaled import SelfAttention
 from .utils import get_device
@@ -497,8 +498,6 @@ def gqa_decoding(
     ``cache_bytes_per_token`` is the cache's memory divided by the tokens it holds (all of
     ``context + 1``, or the ``window`` kept when a window is given).
     """
-    from .gqa import GroupedQueryAttention
-
     for name, value in (("batch_size", batch_size), ("context", context), ("embed_dim", embed_dim),
                         ("num_heads", num_heads), ("repeats", repeats)):
         check_positive_int(name, value)

@@ -25,100 +25,13 @@ from torch import nn
 
 from ._checks import check_bool, check_positive_int, check_probability, check_tensor, describe
 from .alibi import alibi_bias
-from .kv_cache import KVCache
+from .caches import KVCache, RollingKVCache
 from .masks import sliding_window_mask
 from .multihead import BACKENDS, MultiHeadAttention
 from .rotary import RotaryEmbedding
 from .scaled import _attention_weights, scaled_dot_product_attention
 
-__all__ = ["GroupedQueryAttention", "RollingKVCache"]
-
-
-class RollingKVCache:
-    """A key/value cache that keeps only the last ``window`` positions of every layer (a rolling buffer).
-
-    Position ``p`` is written to slot ``p % window``, over the position ``p - window`` that no query
-    will see again; the memory stays ``window`` positions however long the generation runs, as in
-    Mistral's "rolling buffer cache".
-
-    Args:
-        num_layers: number of attention layers that use the cache.
-        batch_size: ``B``.
-        num_heads: key/value heads ``G`` stored.
-        head_dim: ``D``.
-        window: positions kept per layer.
-        device, dtype: of the buffers.
-
-    Shape:
-        Each layer holds keys and values of shape ``(B, G, window, D)``.
-    """
-
-    def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, window: int,
-                 *, device=None, dtype: torch.dtype = torch.float32) -> None:
-        for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("num_heads", num_heads),
-                            ("head_dim", head_dim), ("window", window)):
-            check_positive_int(name, value)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {describe(dtype)}")
-        shape = (batch_size, num_heads, window, head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.window = window
-        self._lengths = [0] * num_layers  # positions seen so far, per layer
-
-    @property
-    def length(self) -> int:
-        """Number of positions seen so far (in the first layer); at most ``window`` of them are kept."""
-        return self._lengths[0]
-
-    @property
-    def nbytes(self) -> int:
-        """Memory taken by the buffers, in bytes."""
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
-    def reset(self) -> None:
-        """Forget every position (the buffers are kept and overwritten)."""
-        self._lengths = [0] * len(self._lengths)
-
-    def _in_order(self, buffer: torch.Tensor, seen: int) -> torch.Tensor:
-        """The kept positions of ``buffer``, oldest first: ``(B, G, min(seen, window), D)``."""
-        if seen <= self.window:
-            return buffer[:, :, :seen]
-        slots = (torch.arange(self.window, device=buffer.device) + seen) % self.window  # oldest slot first
-        return buffer[:, :, slots]
-
-    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the keys and values of new positions; return the kept old ones followed by the new ones.
-
-        Returns:
-            ``(keys, values)``: the (at most ``window``) kept earlier positions, oldest first, then
-            every new position; the new queries need all of them. Afterwards the buffer keeps the
-            last ``window`` positions.
-
-        Shape:
-            keys, values: ``(B, G, T_new, D)`` -> ``(B, G, min(T_old, window) + T_new, D)`` each.
-        """
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.keys):
-            raise ValueError(f"layer must be an int in [0, {len(self.keys)}), got {describe(layer)}")
-        buffer = self.keys[layer]
-        for name, x in (("keys", keys), ("values", values)):
-            check_tensor(name, x, floating=True)
-            if x.dim() != 4 or x.shape[:2] != buffer.shape[:2] or x.size(-1) != buffer.size(-1):
-                raise ValueError(
-                    f"{name} must have shape (B, G, T_new, D) = {(buffer.size(0), buffer.size(1), 'T_new', buffer.size(3))}, "
-                    f"got {tuple(x.shape)}"
-                )
-        if keys.shape != values.shape:
-            raise ValueError(f"keys and values must have the same shape, got {tuple(keys.shape)} and {tuple(values.shape)}")
-        seen, new = self._lengths[layer], keys.size(2)
-        all_keys = torch.cat([self._in_order(self.keys[layer], seen), keys], dim=2)  # (B, G, kept + T_new, D)
-        all_values = torch.cat([self._in_order(self.values[layer], seen), values], dim=2)
-        last = min(new, self.window)  # only the last `window` new positions can stay
-        slots = (torch.arange(seen + new - last, seen + new, device=buffer.device)) % self.window  # (last,)
-        self.keys[layer][:, :, slots] = keys[:, :, new - last:]
-        self.values[layer][:, :, slots] = values[:, :, new - last:]
-        self._lengths[layer] = seen + new
-        return all_keys, all_values
+__all__ = ["GroupedQueryAttention", "RollingKVCache"]  # RollingKVCache lives in attn_course.caches
 
 
 def _and_allowed(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:

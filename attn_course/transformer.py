@@ -145,7 +145,7 @@ class EncoderLayer(nn.Module):
         """The layer's residual connections and norms around a given attention step.
 
         ``attend(h) -> (output, weights)`` stands in for the self-attention; :meth:`forward` passes
-        the plain one, chapter 08's key/value cache a cached one (``attn_course.kv_cache``).
+        the plain one, chapter 08's key/value cache a cached one (``attn_course.caches``, ``attn_course.decoder``).
         """
         if self.norm_first:
             attended, weights = attend(self.norm1(x))

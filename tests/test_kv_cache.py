@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import attn_course as ac
-from attn_course.kv_cache import DecoderOnlyLM, KVCache, cached_self_attention, generate
+from attn_course.caches import KVCache, cached_self_attention
+from attn_course.decoder import DecoderOnlyLM, generate
 
 
 def _model(backend="sdpa", dtype=torch.float64, device="cpu", seed=0, **kwargs):

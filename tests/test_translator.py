@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attn_course import translator as tr
-from attn_course.kv_cache import KVCache
+from attn_course.caches import KVCache
 from attn_course.translator import CharVocab, toy_pairs
 from attn_course.translator.decoding import _decode_step_cached
 from attn_course.translator.language import _noun_phrases

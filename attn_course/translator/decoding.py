@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from .._checks import check_bool, check_positive_int, describe
-from ..kv_cache import KVCache, cached_self_attention
+from ..caches import KVCache, cached_self_attention
 from ..transformer import Transformer
 from .model import Translator
 from .training import _check_pairs
@@ -43,7 +43,7 @@ def _greedy_decode(model: Translator, src: torch.Tensor, max_new_tokens: int, te
     """Batched decoding: ``(B, S)`` source ids -> ``(B, 1 + generated)`` target ids, start symbol first.
 
     With ``use_cache`` each step feeds only the newest character to the decoder and keeps the keys
-    and values of the earlier ones in a :class:`~attn_course.kv_cache.KVCache` (chapter 08);
+    and values of the earlier ones in a :class:`~attn_course.KVCache` (chapter 08);
     without it, each step runs the decoder over the whole prefix again and keeps the last
     position's prediction. Both give the same characters. (A decoder built without the causal mask,
     ``causal_decoder=False``, is always run without the cache: its earlier positions change as the

@@ -1,0 +1,200 @@
+"""Chapters 08 to 11: a small decoder-only language model, and greedy generation with or without a cache.
+
+A decoder-only language model generates one token at a time, and each new token needs attention
+over *all* earlier tokens. Without a cache, every step runs the model over the whole sequence
+again: step ``t`` costs work proportional to ``t`` tokens (and ``t**2`` attention scores), so
+generating ``N`` tokens costs ``O(N**2)`` token passes. With a cache (:mod:`attn_course.caches`)
+each step projects only the new token and attends from it to the kept past: ``O(t)`` attention work
+and ``O(1)`` everything else per step.
+
+:class:`DecoderOnlyLM` is a small GPT-style model built from the package's chapter 07 blocks (an
+:class:`~attn_course.EncoderLayer` with causal self-attention is a decoder-only block), with the
+attention and position options of the later chapters; :func:`generate` decodes greedily with or
+without the cache, and both give the same tokens.
+
+This module sits on top of the package: it combines the mechanism modules and the caches below it,
+and nothing in the package imports it (``attn_course.kv_cache`` re-exports it for old imports).
+
+Shapes: ``B`` batch, ``T`` tokens, ``E`` model width, ``H`` heads, ``D`` head width, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._checks import check_bool, check_positive_int, check_probability, check_tensor, describe
+from .caches import Cache, KVCache, cached_self_attention
+from .gqa import GroupedQueryAttention
+from .multihead import BACKENDS, MultiHeadAttention
+from .positional import LearnedPositionalEmbedding, PositionalEncoding, TokenEmbedding
+from .transformer import EncoderLayer
+
+__all__ = ["DecoderOnlyLM", "generate", "POSITIONS"]
+
+POSITIONS = ("sinusoidal", "learned", "rotary", "alibi", "none")
+
+
+class _NoPosition(nn.Module):
+    """No position information at all (only the causal mask tells tokens apart): dropout only."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        return self.dropout(x)
+
+
+class DecoderOnlyLM(nn.Module):
+    """A small GPT-style language model: embeddings, causal pre-norm layers, a next-token head.
+
+    Each layer is an :class:`~attn_course.EncoderLayer` called with ``is_causal=True``: causal
+    self-attention plus a feed-forward network, which is all a decoder-only block is.
+
+    Args:
+        vocab_size: ``V``.
+        d_model: model width ``E``.
+        num_heads: heads ``H`` per layer.
+        num_layers: number of layers.
+        d_ff: hidden width of the feed-forward networks.
+        max_len: longest sequence (prompt plus generated tokens).
+        dropout: dropout probability (training mode only).
+        backend: attention implementation, ``"sdpa"`` or ``"reference"``.
+        position: how the model knows positions (chapter 09): ``"sinusoidal"`` (the default, added to
+            the embeddings), ``"learned"`` (a trained table), ``"rotary"`` (queries and keys rotated),
+            ``"alibi"`` (a distance bias per head) or ``"none"`` (only the causal mask).
+        num_kv_heads: key/value heads per layer (chapter 10); None for one per query head.
+        window: sliding-window attention over the last ``window`` positions (chapter 10); None for all.
+
+    With ``"rotary"``, ``"alibi"``, ``num_kv_heads`` or ``window`` the layers' ``self_attn`` is a
+    :class:`~attn_course.GroupedQueryAttention`, and :meth:`new_cache` gives its cache.
+
+    Shape:
+        - tokens: ``(B, T)`` integer ids -> logits: ``(B, T, V)``; ``logits[:, t]`` predicts token ``t + 1``.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, num_layers: int = 2, d_ff: int = 128,
+                 max_len: int = 256, dropout: float = 0.0, backend: str = "sdpa", position: str = "sinusoidal",
+                 num_kv_heads: int | None = None, window: int | None = None) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
+                            ("num_layers", num_layers), ("d_ff", d_ff), ("max_len", max_len)):
+            check_positive_int(name, value)
+        check_probability("dropout", dropout)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        if num_kv_heads is not None:
+            check_positive_int("num_kv_heads", num_kv_heads)
+        self.max_len, self.position = max_len, position
+        self.embedding = TokenEmbedding(vocab_size, d_model)
+        if position == "learned":
+            self.positional = LearnedPositionalEmbedding(max_len, d_model, dropout=dropout)
+        elif position == "sinusoidal":
+            self.positional = PositionalEncoding(d_model, max_len=max_len, dropout=dropout)
+        else:  # rotary and ALiBi act inside attention
+            self.positional = _NoPosition(dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, num_heads, d_ff, dropout=dropout, backend=backend, norm_first=True) for _ in range(num_layers)
+        )
+        if position in ("rotary", "alibi") or num_kv_heads is not None or window is not None:
+            for layer in self.layers:
+                layer.self_attn = GroupedQueryAttention(
+                    d_model, num_heads, num_kv_heads or num_heads, dropout=dropout, window=window,
+                    rotary=position == "rotary", alibi=position == "alibi", backend=backend)
+        self.final_norm = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size)
+
+    def _check_tokens(self, tokens: torch.Tensor, start: int = 0) -> None:
+        check_tensor("tokens", tokens)
+        if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool:
+            raise ValueError(f"tokens must be a (B, T) tensor of integer ids, got {describe(tokens)}")
+        if start + tokens.size(1) > self.max_len:
+            raise ValueError(f"{start + tokens.size(1)} tokens in all but max_len={self.max_len}")
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits for every position of ``tokens``, computed from scratch (no cache)."""
+        self._check_tokens(tokens)
+        x = self.positional(self.embedding(tokens))  # (B, T, E)
+        for layer in self.layers:
+            x, _ = layer(x, is_causal=True)  # (B, T, E)
+        return self.lm_head(self.final_norm(x))  # (B, T, V)
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> Cache:
+        """An empty cache for this model, on its device and in its dtype: a :class:`~attn_course.KVCache`,
+        or the cache its attention modules build (``self_attn.new_cache``)."""
+        weight = self.lm_head.weight
+        attn = self.layers[0].self_attn
+        if not isinstance(attn, MultiHeadAttention):  # a GroupedQueryAttention: G heads, maybe a rolling window
+            return attn.new_cache(batch_size, max_len or self.max_len, num_layers=len(self.layers))
+        return KVCache(len(self.layers), batch_size, attn.num_heads, attn.head_dim, max_len or self.max_len,
+                       device=weight.device, dtype=weight.dtype)
+
+    def forward_cached(self, tokens: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Logits for new tokens that follow the ``cache.length`` tokens already in ``cache``.
+
+        The same as ``self(all_tokens)[:, -T_new:]``, but only the new tokens are computed; their
+        keys and values are added to ``cache``.
+
+        Shape:
+            tokens: ``(B, T_new)`` -> logits: ``(B, T_new, V)``
+        """
+        if not isinstance(cache, Cache):
+            raise TypeError(f"cache must be a KVCache (model.new_cache(batch_size)), got {type(cache).__name__}")
+        start = cache.length
+        self._check_tokens(tokens, start)
+        x = self.positional(self.embedding(tokens), start=start)  # (B, T_new, E), positions start, start+1, ...
+        for i, layer in enumerate(self.layers):  # the layer of chapter 07, with a cached attention step
+            if isinstance(layer.self_attn, MultiHeadAttention):
+                x, _ = layer.apply_sublayers(x, lambda h: (cached_self_attention(layer.self_attn, h, cache, i), None))
+            else:  # GroupedQueryAttention has its own cached step
+                x, _ = layer.apply_sublayers(x, lambda h: (layer.self_attn.forward_cached(h, cache, i), None))
+        return self.lm_head(self.final_norm(x))  # (B, T_new, V)
+
+
+@torch.no_grad()
+def generate(model: DecoderOnlyLM, prompt: torch.Tensor, max_new_tokens: int, use_cache: bool = True) -> torch.Tensor:
+    """Greedy decoding: append the most likely next token, ``max_new_tokens`` times.
+
+    Args:
+        model: a :class:`DecoderOnlyLM` (put it in ``eval()`` mode to switch dropout off).
+        prompt: the tokens to continue.
+        max_new_tokens: how many tokens to generate.
+        use_cache: keep the keys and values in a :class:`KVCache` (one new token per step), or run
+            the model over the whole sequence at every step. Both give the same tokens.
+
+    Returns:
+        The prompt followed by the generated tokens.
+
+    Shape:
+        prompt: ``(B, P)`` -> ``(B, P + max_new_tokens)``
+    """
+    if not isinstance(model, DecoderOnlyLM):
+        raise TypeError(f"model must be a DecoderOnlyLM, got {type(model).__name__}")
+    check_positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
+    check_bool("use_cache", use_cache)
+    model._check_tokens(prompt)
+    if prompt.size(1) == 0:
+        raise ValueError("prompt must hold at least one token per sequence, got shape (B, 0)")
+    if prompt.size(1) + max_new_tokens > model.max_len:
+        raise ValueError(f"prompt ({prompt.size(1)} tokens) plus max_new_tokens={max_new_tokens} exceeds max_len={model.max_len}")
+    tokens = prompt
+    if max_new_tokens == 0:
+        return tokens
+    if use_cache:
+        cache = model.new_cache(prompt.size(0), prompt.size(1) + max_new_tokens)
+        logits = model.forward_cached(prompt, cache)[:, -1]  # (B, V): the whole prompt once ("prefill")
+    else:
+        logits = model(prompt)[:, -1]
+    for step in range(max_new_tokens):
+        next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        tokens = torch.cat([tokens, next_token], dim=1)  # (B, T + 1)
+        if step == max_new_tokens - 1:
+            break
+        if use_cache:
+            logits = model.forward_cached(next_token, cache)[:, -1]  # one new token: (B, 1) -> (B, V)
+        else:
+            logits = model(tokens)[:, -1]  # everything again: (B, T + 1) -> (B, V)
+    return tokens
