@@ -21,6 +21,8 @@ from .rotary import RotaryEmbedding, apply_rotary_embedding  # 09
 from .alibi import alibi_bias, alibi_slopes  # 09
 from .caches import RollingKVCache  # 10
 from .gqa import GroupedQueryAttention  # 10
+from .latent import MultiHeadLatentAttention  # 11
+from .caches import LatentKVCache, cache_elements_per_token  # 11
 from .decoder import DecoderOnlyLM, generate  # 08-11
 from .plotting import plot_attention, plot_attention_grid
 from .widgets import explorable
@@ -73,6 +75,9 @@ __all__ = [
     "sliding_window_mask",
     "GroupedQueryAttention",
     "RollingKVCache",
+    "MultiHeadLatentAttention",
+    "LatentKVCache",
+    "cache_elements_per_token",
     "plot_attention",
     "plot_attention_grid",
     "explorable",

@@ -38,7 +38,66 @@ from .masks import causal_mask
 from .multihead import MultiHeadAttention
 from .scaled import scaled_dot_product_attention
 
-__all__ = ["Cache", "KVCache", "RollingKVCache", "LatentKVCache", "cached_self_attention"]
+__all__ = ["Cache", "KVCache", "RollingKVCache", "LatentKVCache", "cached_self_attention", "cache_elements_per_token",
+           "CACHE_KINDS"]
+
+
+CACHE_KINDS = ("mha", "gqa", "mqa", "mla")
+
+
+def cache_elements_per_token(kind: str, *, num_heads: int | None = None, num_kv_heads: int | None = None,
+                             head_dim: int | None = None, kv_latent_dim: int | None = None,
+                             rope_head_dim: int | None = None, num_layers: int = 1) -> int:
+    """Numbers a cache keeps per token, as in Table 1 of DeepSeek-V2 (DeepSeek-AI 2024).
+
+    ========  ===================================  ==============================================
+    kind      elements per token and layer         arguments
+    ========  ===================================  ==============================================
+    ``mha``   ``2 * n_h * d_h`` (keys and values)  ``num_heads`` (n_h), ``head_dim`` (d_h)
+    ``gqa``   ``2 * g * d_h``                      ``num_kv_heads`` (g, the groups), ``head_dim``
+    ``mqa``   ``2 * d_h``                          ``head_dim``
+    ``mla``   ``d_c + d_h^R``                      ``kv_latent_dim`` (d_c), ``rope_head_dim`` (d_h^R,
+                                                   default 0)
+    ========  ===================================  ==============================================
+
+    Multiply by the bytes of one number (2 for float16) for bytes, and by the tokens and sequences
+    for the whole cache. The count is per sequence, whatever the batch.
+
+    Args:
+        kind: ``"mha"``, ``"gqa"``, ``"mqa"`` or ``"mla"``.
+        num_heads, num_kv_heads, head_dim, kv_latent_dim, rope_head_dim: as in the table; each kind
+            takes exactly its own arguments (another one is an error, not silently ignored).
+        num_layers: ``l``, the layers that keep a cache.
+
+    Returns:
+        The number of cached elements per token, all layers together.
+    """
+    needed = {"mha": ("num_heads", "head_dim"), "gqa": ("num_kv_heads", "head_dim"), "mqa": ("head_dim",),
+              "mla": ("kv_latent_dim",)}
+    if kind not in needed:
+        raise ValueError(f"kind must be one of {CACHE_KINDS}, got {kind!r}")
+    given = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+             "kv_latent_dim": kv_latent_dim, "rope_head_dim": rope_head_dim}
+    for name in needed[kind]:
+        if given[name] is None:
+            raise ValueError(f"kind={kind!r} needs {name}, got None")
+        check_positive_int(name, given[name])
+    allowed = needed[kind] + (("rope_head_dim",) if kind == "mla" else ())
+    for name, value in given.items():
+        if value is not None and name not in allowed:
+            raise ValueError(f"kind={kind!r} does not use {name} (it takes {', '.join(allowed)}), got {name}={value!r}")
+    check_positive_int("num_layers", num_layers)
+    if kind == "mha":
+        per_layer = 2 * num_heads * head_dim  # a key and a value per head
+    elif kind == "gqa":
+        per_layer = 2 * num_kv_heads * head_dim  # a key and a value per group
+    elif kind == "mqa":
+        per_layer = 2 * head_dim  # one key and one value for all heads
+    else:
+        if rope_head_dim is not None:
+            check_positive_int("rope_head_dim", rope_head_dim, allow_zero=True)
+        per_layer = kv_latent_dim + (rope_head_dim or 0)  # the latent c_KV and the shared rotary key k_R
+    return per_layer * num_layers
 
 
 class Cache:

@@ -26,13 +26,49 @@ from torch import nn
 from ._checks import check_bool, check_positive_int, check_probability, check_tensor, describe
 from .caches import Cache, KVCache, cached_self_attention
 from .gqa import GroupedQueryAttention
+from .latent import MultiHeadLatentAttention
 from .multihead import BACKENDS, MultiHeadAttention
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, TokenEmbedding
 from .transformer import EncoderLayer
 
-__all__ = ["DecoderOnlyLM", "generate", "POSITIONS"]
+__all__ = ["DecoderOnlyLM", "generate", "POSITIONS", "ATTENTIONS"]
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "alibi", "none")
+ATTENTIONS = ("mha", "gqa", "mla")
+
+
+def _check_attention(attention, num_heads, num_kv_heads, window, position, kv_latent_dim, q_latent_dim,
+                     rope_head_dim) -> str:
+    """The attention choice of :class:`DecoderOnlyLM`, checked against the options it goes with."""
+    if attention is None:
+        attention = "gqa" if num_kv_heads is not None else "mha"
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS} or None, got {attention!r}")
+    latent_options = {"kv_latent_dim": kv_latent_dim, "q_latent_dim": q_latent_dim, "rope_head_dim": rope_head_dim}
+    if attention != "mla":
+        for name, value in latent_options.items():
+            if value is not None:
+                raise ValueError(f"{name} is an option of attention='mla', got {name}={value!r} with attention={attention!r}")
+    if attention == "mha" and num_kv_heads not in (None, num_heads):
+        raise ValueError(f"attention='mha' has one key/value head per query head: num_kv_heads must be None or "
+                         f"num_heads={num_heads}, got {num_kv_heads} (use attention='gqa')")
+    if attention == "gqa" and num_kv_heads is None:
+        raise ValueError("attention='gqa' needs num_kv_heads (the shared key/value heads), got None")
+    if attention == "mla":
+        if kv_latent_dim is None:
+            raise ValueError("attention='mla' needs kv_latent_dim (the latent width d_c), got None")
+        if num_kv_heads is not None or window is not None:
+            raise ValueError(f"attention='mla' takes neither num_kv_heads nor window, got num_kv_heads={num_kv_heads} "
+                             f"and window={window}")
+        if position == "alibi":
+            raise ValueError("attention='mla' takes position 'rotary' (its decoupled rotary part), 'sinusoidal', "
+                             "'learned' or 'none', got 'alibi'")
+        if rope_head_dim is not None and position != "rotary":
+            raise ValueError(f"rope_head_dim is the rotary part of attention='mla' and needs position='rotary', "
+                             f"got position={position!r}")
+        if rope_head_dim == 0:
+            raise ValueError("rope_head_dim must be positive with position='rotary' (it carries the positions), got 0")
+    return attention
 
 
 class _NoPosition(nn.Module):
@@ -66,9 +102,20 @@ class DecoderOnlyLM(nn.Module):
             ``"alibi"`` (a distance bias per head) or ``"none"`` (only the causal mask).
         num_kv_heads: key/value heads per layer (chapter 10); None for one per query head.
         window: sliding-window attention over the last ``window`` positions (chapter 10); None for all.
+        attention: ``"mha"`` (one key/value head per query head), ``"gqa"`` (``num_kv_heads`` shared
+            key/value heads; MQA with 1) or ``"mla"`` (multi-head latent attention, chapter 11); None
+            (the default) means ``"gqa"`` when ``num_kv_heads`` is given, else ``"mha"``.
+        kv_latent_dim: with ``"mla"`` (and only then, required): the latent width ``d_c``.
+        q_latent_dim: with ``"mla"``: the query latent width ``d_c'``; None for queries straight from the input.
+        rope_head_dim: with ``"mla"`` and ``position="rotary"``: the decoupled rotary width ``d_h^R``
+            (even; None for half the head width, rounded down to an even number, at least 2). With
+            another position MLA has no rotary part.
 
     With ``"rotary"``, ``"alibi"``, ``num_kv_heads`` or ``window`` the layers' ``self_attn`` is a
-    :class:`~attn_course.GroupedQueryAttention`, and :meth:`new_cache` gives its cache.
+    :class:`~attn_course.GroupedQueryAttention`; with ``attention="mla"`` a
+    :class:`~attn_course.MultiHeadLatentAttention` of ``num_heads`` heads of width ``d_model / num_heads``
+    (with biases, as the other attentions of this model). :meth:`new_cache` gives the cache the
+    layers' attention needs.
 
     Shape:
         - tokens: ``(B, T)`` integer ids -> logits: ``(B, T, V)``; ``logits[:, t]`` predicts token ``t + 1``.
@@ -76,7 +123,9 @@ class DecoderOnlyLM(nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, num_layers: int = 2, d_ff: int = 128,
                  max_len: int = 256, dropout: float = 0.0, backend: str = "sdpa", position: str = "sinusoidal",
-                 num_kv_heads: int | None = None, window: int | None = None) -> None:
+                 num_kv_heads: int | None = None, window: int | None = None, attention: str | None = None,
+                 kv_latent_dim: int | None = None, q_latent_dim: int | None = None,
+                 rope_head_dim: int | None = None) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
                             ("num_layers", num_layers), ("d_ff", d_ff), ("max_len", max_len)):
@@ -88,7 +137,9 @@ class DecoderOnlyLM(nn.Module):
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
         if num_kv_heads is not None:
             check_positive_int("num_kv_heads", num_kv_heads)
-        self.max_len, self.position = max_len, position
+        attention = _check_attention(attention, num_heads, num_kv_heads, window, position, kv_latent_dim,
+                                     q_latent_dim, rope_head_dim)
+        self.max_len, self.position, self.attention = max_len, position, attention
         self.embedding = TokenEmbedding(vocab_size, d_model)
         if position == "learned":
             self.positional = LearnedPositionalEmbedding(max_len, d_model, dropout=dropout)
@@ -99,7 +150,17 @@ class DecoderOnlyLM(nn.Module):
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, num_heads, d_ff, dropout=dropout, backend=backend, norm_first=True) for _ in range(num_layers)
         )
-        if position in ("rotary", "alibi") or num_kv_heads is not None or window is not None:
+        if attention == "mla":
+            head_dim = d_model // num_heads
+            if position != "rotary":
+                rope_head_dim = 0  # positions come from the embeddings (or nowhere)
+            elif rope_head_dim is None:
+                rope_head_dim = max(2, head_dim // 4 * 2)  # half the head width, even
+            for layer in self.layers:
+                layer.self_attn = MultiHeadLatentAttention(
+                    d_model, num_heads, head_dim, kv_latent_dim, q_latent_dim=q_latent_dim, rope_head_dim=rope_head_dim,
+                    bias=True, dropout=dropout, backend=backend)
+        elif position in ("rotary", "alibi") or num_kv_heads is not None or window is not None:
             for layer in self.layers:
                 layer.self_attn = GroupedQueryAttention(
                     d_model, num_heads, num_kv_heads or num_heads, dropout=dropout, window=window,
@@ -119,7 +180,10 @@ class DecoderOnlyLM(nn.Module):
         self._check_tokens(tokens)
         x = self.positional(self.embedding(tokens))  # (B, T, E)
         for layer in self.layers:
-            x, _ = layer(x, is_causal=True)  # (B, T, E)
+            if self.attention == "mla":  # self-attention of one input: called with x alone
+                x, _ = layer.apply_sublayers(x, lambda h: layer.self_attn(h, is_causal=True, need_weights=False))
+            else:
+                x, _ = layer(x, is_causal=True)  # (B, T, E)
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> Cache:
@@ -132,30 +196,38 @@ class DecoderOnlyLM(nn.Module):
         return KVCache(len(self.layers), batch_size, attn.num_heads, attn.head_dim, max_len or self.max_len,
                        device=weight.device, dtype=weight.dtype)
 
-    def forward_cached(self, tokens: torch.Tensor, cache: Cache) -> torch.Tensor:
+    def forward_cached(self, tokens: torch.Tensor, cache: Cache, *, absorb: bool = False) -> torch.Tensor:
         """Logits for new tokens that follow the ``cache.length`` tokens already in ``cache``.
 
         The same as ``self(all_tokens)[:, -T_new:]``, but only the new tokens are computed; their
-        keys and values are added to ``cache``.
+        keys and values (or latents) are added to ``cache``. ``absorb=True`` (``attention="mla"``
+        only) uses the absorbed form of :meth:`~attn_course.MultiHeadLatentAttention.forward_cached`.
 
         Shape:
             tokens: ``(B, T_new)`` -> logits: ``(B, T_new, V)``
         """
         if not isinstance(cache, Cache):
             raise TypeError(f"cache must be a KVCache (model.new_cache(batch_size)), got {type(cache).__name__}")
+        check_bool("absorb", absorb)
+        if absorb and self.attention != "mla":
+            raise ValueError(f"absorb=True needs attention='mla' (the absorbed form of latent attention), "
+                             f"this model has attention={self.attention!r}")
         start = cache.length
         self._check_tokens(tokens, start)
         x = self.positional(self.embedding(tokens), start=start)  # (B, T_new, E), positions start, start+1, ...
         for i, layer in enumerate(self.layers):  # the layer of chapter 07, with a cached attention step
             if isinstance(layer.self_attn, MultiHeadAttention):
                 x, _ = layer.apply_sublayers(x, lambda h: (cached_self_attention(layer.self_attn, h, cache, i), None))
+            elif self.attention == "mla":
+                x, _ = layer.apply_sublayers(x, lambda h: (layer.self_attn.forward_cached(h, cache, i, absorb=absorb), None))
             else:  # GroupedQueryAttention has its own cached step
                 x, _ = layer.apply_sublayers(x, lambda h: (layer.self_attn.forward_cached(h, cache, i), None))
         return self.lm_head(self.final_norm(x))  # (B, T_new, V)
 
 
 @torch.no_grad()
-def generate(model: DecoderOnlyLM, prompt: torch.Tensor, max_new_tokens: int, use_cache: bool = True) -> torch.Tensor:
+def generate(model: DecoderOnlyLM, prompt: torch.Tensor, max_new_tokens: int, use_cache: bool = True, *,
+             absorb: bool = False) -> torch.Tensor:
     """Greedy decoding: append the most likely next token, ``max_new_tokens`` times.
 
     Args:
@@ -164,6 +236,7 @@ def generate(model: DecoderOnlyLM, prompt: torch.Tensor, max_new_tokens: int, us
         max_new_tokens: how many tokens to generate.
         use_cache: keep the keys and values in a :class:`KVCache` (one new token per step), or run
             the model over the whole sequence at every step. Both give the same tokens.
+        absorb: with ``use_cache`` and ``attention="mla"``: decode with the absorbed form.
 
     Returns:
         The prompt followed by the generated tokens.
@@ -175,6 +248,11 @@ def generate(model: DecoderOnlyLM, prompt: torch.Tensor, max_new_tokens: int, us
         raise TypeError(f"model must be a DecoderOnlyLM, got {type(model).__name__}")
     check_positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
     check_bool("use_cache", use_cache)
+    check_bool("absorb", absorb)
+    if absorb and not use_cache:
+        raise ValueError("absorb=True is a form of cached decoding: it needs use_cache=True")
+    if absorb and model.attention != "mla":
+        raise ValueError(f"absorb=True needs a model with attention='mla', got attention={model.attention!r}")
     model._check_tokens(prompt)
     if prompt.size(1) == 0:
         raise ValueError("prompt must hold at least one token per sequence, got shape (B, 0)")
@@ -185,7 +263,7 @@ def generate(model: DecoderOnlyLM, prompt: torch.Tensor, max_new_tokens: int, us
         return tokens
     if use_cache:
         cache = model.new_cache(prompt.size(0), prompt.size(1) + max_new_tokens)
-        logits = model.forward_cached(prompt, cache)[:, -1]  # (B, V): the whole prompt once ("prefill")
+        logits = model.forward_cached(prompt, cache, absorb=absorb)[:, -1]  # (B, V): the whole prompt once ("prefill")
     else:
         logits = model(prompt)[:, -1]
     for step in range(max_new_tokens):
@@ -194,7 +272,7 @@ def generate(model: DecoderOnlyLM, prompt: torch.Tensor, max_new_tokens: int, us
         if step == max_new_tokens - 1:
             break
         if use_cache:
-            logits = model.forward_cached(next_token, cache)[:, -1]  # one new token: (B, 1) -> (B, V)
+            logits = model.forward_cached(next_token, cache, absorb=absorb)[:, -1]  # one new token: (B, 1) -> (B, V)
         else:
             logits = model(tokens)[:, -1]  # everything again: (B, T + 1) -> (B, V)
     return tokens

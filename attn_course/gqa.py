@@ -31,7 +31,7 @@ from .multihead import BACKENDS, MultiHeadAttention
 from .rotary import RotaryEmbedding
 from .scaled import _attention_weights, scaled_dot_product_attention
 
-__all__ = ["GroupedQueryAttention", "RollingKVCache"]  # RollingKVCache lives in attn_course.caches
+__all__ = ["GroupedQueryAttention", "grouped_attention", "RollingKVCache"]  # RollingKVCache lives in attn_course.caches
 
 
 def _and_allowed(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
@@ -189,48 +189,12 @@ class GroupedQueryAttention(nn.Module):
                 target.load_state_dict(source.state_dict())
         return ours.train(module.training)
 
-    # -- the attention step, shared by the plain and the cached paths --------------------------------
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                 need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """q ``(B, H, L, D)``, k and v ``(B, G, S, D)``, mask broadcastable to ``(B, H, L, S)`` (allowed
-        bool or additive float) -> context ``(B, H, L, D)`` and weights ``(B, H, L, S)`` or None."""
-        B, H, L, D = q.shape
-        G, S, group = self.num_kv_heads, k.size(2), self.group_size
-        dropout_p = self.dropout if self.training else 0.0
-
-        # Rows that may attend to nothing: allow them everything, then zero their output below.
-        empty_rows = None
-        if mask is not None:
-            empty_rows = ~mask.any(dim=-1, keepdim=True) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1, keepdim=True)
-            if bool(empty_rows.any()):
-                mask = mask | empty_rows if mask.dtype == torch.bool else mask.masked_fill(empty_rows, 0.0)
-            else:
-                empty_rows = None
-
-        weights = None
-        if self.backend == "sdpa":
-            if _ENABLE_GQA:
-                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True)
-            else:  # an older torch: copy each key/value head to its group
-                context = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
-                                                         attn_mask=mask, dropout_p=dropout_p)  # (B, H, L, D)
-            if need_weights:
-                weights = _attention_weights(q.view(B, G, group, L, D), k[:, :, None], _grouped(mask, B, G, group),
-                                             False, None).reshape(B, H, L, S)
-        else:
-            # Put the query heads of one group on their own axis; the group's one key/value head
-            # broadcasts over it (no copy): (B, G, group, L, D) against (B, G, 1, S, D).
-            q_grouped = q.view(B, G, group, L, D)  # (B, H, L, D) -> (B, G, H/G, L, D)
-            context, weights = scaled_dot_product_attention(
-                q_grouped, k[:, :, None], v[:, :, None], attn_mask=_grouped(mask, B, G, group), dropout_p=dropout_p
-            )  # (B, G, H/G, L, D), (B, G, H/G, L, S)
-            context = context.reshape(B, H, L, D)  # (B, G, H/G, L, D) -> (B, H, L, D)
-            weights = weights.reshape(B, H, L, S)
-        if empty_rows is not None:
-            context = context.masked_fill(empty_rows, 0.0)
-            if weights is not None:
-                weights = weights.masked_fill(empty_rows, 0.0)
-        return context, (weights if need_weights else None)
+        """The attention step of the plain and the cached paths: :func:`grouped_attention` with this
+        module's dropout (in training mode) and backend."""
+        return grouped_attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
+                                 need_weights=need_weights)
 
     def _position_masks(self, mask, L: int, S: int, device, dtype):
         """Add the window and the ALiBi bias (queries = the last L of S positions) to a merged mask."""
@@ -326,6 +290,73 @@ class GroupedQueryAttention(nn.Module):
         context, _ = self._attend(q, keys, values, mask, need_weights=False)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, E)  # (B, H, T, D) -> (B, T, E)
         return self.out_proj(context)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+                      dropout_p: float = 0.0, backend: str = "reference", need_weights: bool = False,
+                      scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of ``H`` query heads to ``G`` key/value heads, query head ``h`` reading head ``h // (H / G)``.
+
+    The attention step of :class:`GroupedQueryAttention` (and of
+    :class:`~attn_course.MultiHeadLatentAttention`, whose absorbed form is attention to one shared
+    head): rows that may attend to nothing give zeros, never NaN, on both backends.
+
+    Args:
+        q, k, v: queries, keys and values, heads on the second axis.
+        mask: None, or a merged mask broadcastable to ``(B, H, L, S)``: bool **True = may attend**
+            (the convention of ``F.scaled_dot_product_attention``), or float to add to the scores.
+        dropout_p: dropout on the weights (pass 0.0 at evaluation time).
+        backend: ``"reference"`` (:func:`~attn_course.scaled_dot_product_attention`, the weights
+            computed explicitly) or ``"sdpa"`` (PyTorch's fused kernel).
+        need_weights: also return the weights.
+        scale: factor on the scores; defaults to ``1/sqrt(Dk)``.
+
+    Returns:
+        ``(context, weights)``; weights is None unless ``need_weights``.
+
+    Shape:
+        - q: ``(B, H, L, Dk)``, k: ``(B, G, S, Dk)``, v: ``(B, G, S, Dv)``; ``G`` divides ``H``.
+        - context: ``(B, H, L, Dv)``, weights: ``(B, H, L, S)``.
+    """
+    B, H, L, Dk = q.shape
+    G, S, Dv = k.size(1), k.size(2), v.size(-1)
+    group = H // G
+
+    # Rows that may attend to nothing: allow them everything, then zero their output below.
+    empty_rows = None
+    if mask is not None:
+        empty_rows = ~mask.any(dim=-1, keepdim=True) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1, keepdim=True)
+        if bool(empty_rows.any()):
+            mask = mask | empty_rows if mask.dtype == torch.bool else mask.masked_fill(empty_rows, 0.0)
+        else:
+            empty_rows = None
+
+    weights = None
+    if backend == "sdpa":
+        if group == 1:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        elif _ENABLE_GQA:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=True)
+        else:  # an older torch: copy each key/value head to its group
+            context = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                                     attn_mask=mask, dropout_p=dropout_p, scale=scale)  # (B, H, L, Dv)
+        if need_weights:
+            weights = _attention_weights(q.view(B, G, group, L, Dk), k[:, :, None], _grouped(mask, B, G, group),
+                                         False, scale).reshape(B, H, L, S)
+    else:
+        # Put the query heads of one group on their own axis; the group's one key/value head
+        # broadcasts over it (no copy): (B, G, group, L, Dk) against (B, G, 1, S, Dk).
+        q_grouped = q.view(B, G, group, L, Dk)  # (B, H, L, Dk) -> (B, G, H/G, L, Dk)
+        context, weights = scaled_dot_product_attention(
+            q_grouped, k[:, :, None], v[:, :, None], attn_mask=_grouped(mask, B, G, group), dropout_p=dropout_p, scale=scale
+        )  # (B, G, H/G, L, Dv), (B, G, H/G, L, S)
+        context = context.reshape(B, H, L, Dv)  # (B, G, H/G, L, Dv) -> (B, H, L, Dv)
+        weights = weights.reshape(B, H, L, S)
+    if empty_rows is not None:
+        context = context.masked_fill(empty_rows, 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(empty_rows, 0.0)
+    return context, (weights if need_weights else None)
 
 
 def _grouped(mask: torch.Tensor | None, B: int, G: int, group: int) -> torch.Tensor | None:
