@@ -5,6 +5,7 @@ Run it from a shell::
     python -m attn_course.bench                          # batch 8, length 512, width 512, 8 heads, causal
     python -m attn_course.bench --length 256 512 1024 --csv times.csv --markdown times.md
     python -m attn_course.bench --device cpu --dtype bfloat16 --repeats 10
+    python -m attn_course.bench --linear --length 256 1024 4096 16384   # chapter 12: one decoding step
 
 or from Python with :func:`benchmark`. Every implementation computes the same function (the same
 weights, copied from one ``nn.MultiheadAttention``; :func:`benchmark` checks that their outputs
@@ -37,6 +38,7 @@ from torch import nn
 
 from ._checks import check_bool, check_positive_int, describe
 from .gqa import GroupedQueryAttention
+from .linear import DeltaNetAttention, LinearAttention
 from .multihead import MultiHeadAttention
 from .scaled import SelfAttention
 from .utils import get_device
@@ -56,6 +58,9 @@ __all__ = [
     "GQADecodingResult",
     "gqa_decoding",
     "gqa_to_markdown",
+    "LinearDecodingResult",
+    "linear_decoding",
+    "linear_to_markdown",
 ]
 
 BASELINE = "nn.MultiheadAttention"
@@ -444,7 +449,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: CUDA, then MPS, then CPU)")
     parser.add_argument("--dtype", default="float32", choices=list(_DTYPES))
     parser.add_argument("--batch", type=int, default=8, help="batch size B (default 8)")
-    parser.add_argument("--length", type=int, nargs="+", default=[512], help="sequence length(s) L (default 512)")
+    parser.add_argument("--length", type=int, nargs="+", default=None,
+                        help="sequence length(s) L (default 512); with --linear the contexts (default 256 1024 4096)")
     parser.add_argument("--embed-dim", type=int, default=512, help="model width E (default 512)")
     parser.add_argument("--heads", type=int, default=8, help="number of heads H (default 8)")
     parser.add_argument("--no-causal", dest="causal", action="store_false", help="unmasked instead of causal self-attention")
@@ -458,6 +464,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gqa", action="store_true", help="time one cached decoding step of grouped-query attention "
                         "for 8, 4, 2 and 1 key/value heads instead (context = the first --length)")
     parser.add_argument("--window", type=int, default=None, help="with --gqa: a sliding window")
+    parser.add_argument("--linear", action="store_true", help="time one decoding step of softmax attention with a KV "
+                        "cache against the recurrent steps of linear attention and the gated delta rule, for each "
+                        "context in --length")
     return parser
 
 
@@ -551,6 +560,119 @@ def gqa_to_markdown(results: list[GQADecodingResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class LinearDecodingResult:
+    """One decoding step after ``context`` tokens: its time, the memory kept per sequence, and
+    ratios measured in the same run (to softmax attention at the same context, and to the same
+    implementation at the shortest context)."""
+
+    implementation: str
+    context: int
+    seconds_per_token: float
+    memory_bytes_per_sequence: int
+    time_vs_softmax: float
+    time_vs_shortest_context: float
+
+
+LINEAR_DECODERS = ("softmax attention + KV cache", "LinearAttention (state)", "DeltaNetAttention, gated (state)")
+
+
+def linear_decoding(
+    batch_size: int = 8,
+    contexts: tuple[int, ...] = (256, 1024, 4096),
+    embed_dim: int = 512,
+    num_heads: int = 8,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    warmup: int = 2,
+    repeats: int = 7,
+    seed: int = 0,
+) -> list[LinearDecodingResult]:
+    """Time one decoding step (one new token per sequence) after ``context`` earlier tokens, for
+    softmax attention with a KV cache and for the recurrent step of linear attention and of the
+    gated delta rule (chapter 12).
+
+    Softmax attention (:class:`~attn_course.GroupedQueryAttention` with one key/value head per
+    query head, ``backend="sdpa"``) reads a cache of ``context + 1`` keys and values: its step
+    grows with the context. :class:`~attn_course.LinearAttention` and
+    :class:`~attn_course.DeltaNetAttention` read and update a state of ``(B, H, D_k, D)`` numbers,
+    the same after 10 tokens as after 10,000. The cache is filled with random keys and values
+    and the states with random numbers (the cost of a step does not depend on what they hold).
+    Every step of every implementation and context is timed in turns, round after round; the
+    median over the rounds is reported. ``memory_bytes_per_sequence`` is the cache's or the
+    state's memory divided by the batch size.
+    """
+    for name, value in (("batch_size", batch_size), ("embed_dim", embed_dim), ("num_heads", num_heads),
+                        ("repeats", repeats)):
+        check_positive_int(name, value)
+    check_positive_int("warmup", warmup, allow_zero=True)
+    if isinstance(contexts, int) or not contexts:
+        raise ValueError(f"contexts must be a non-empty sequence of positive ints, got {describe(contexts)}")
+    for context in contexts:
+        check_positive_int("contexts[i]", context)
+    if embed_dim % num_heads:
+        raise ValueError(f"num_heads must divide embed_dim, got embed_dim={embed_dim} and num_heads={num_heads}")
+    device = get_device() if device is None else torch.device(device)
+    contexts = sorted(set(contexts))
+    torch.manual_seed(seed)
+    softmax, linear, delta = LINEAR_DECODERS
+    modules = {
+        softmax: GroupedQueryAttention(embed_dim, num_heads, num_heads, backend="sdpa"),
+        linear: LinearAttention(embed_dim, num_heads),
+        delta: DeltaNetAttention(embed_dim, num_heads, use_gate=True),
+    }
+    modules = {name: m.to(device=device, dtype=dtype).eval() for name, m in modules.items()}
+    new_token = torch.randn(batch_size, 1, embed_dim, device=device, dtype=dtype)  # (B, 1, E)
+    D = embed_dim // num_heads
+    steps, memory = {}, {}
+    with torch.no_grad():
+        for context in contexts:
+            cache = modules[softmax].new_cache(batch_size, max_len=context + 1)
+            kv = torch.randn(2, batch_size, num_heads, context, D, device=device, dtype=dtype)  # (2, B, H, context, D)
+            cache.update(0, kv[0], kv[1])  # as if `context` tokens had been decoded
+
+            def softmax_step(cache=cache, context=context):
+                cache._lengths = [context] * len(cache._lengths)  # forget the previous timed token: the same step each time
+                modules[softmax].forward_cached(new_token, cache)
+
+            steps[softmax, context] = softmax_step
+            memory[softmax, context] = cache.nbytes // batch_size
+            state = modules[linear].new_state(batch_size)
+            state = type(state)(*(torch.rand_like(part) for part in state))
+            steps[linear, context] = lambda state=state: modules[linear].forward_cached(new_token, state)
+            memory[linear, context] = sum(part.numel() * part.element_size() for part in state) // batch_size
+            delta_state = torch.randn_like(modules[delta].new_state(batch_size))
+            steps[delta, context] = lambda state=delta_state: modules[delta].forward_cached(new_token, state)
+            memory[delta, context] = delta_state.numel() * delta_state.element_size() // batch_size
+
+    times = {key: [] for key in steps}
+    with torch.no_grad():
+        for round_index in range(warmup + repeats):
+            for key, step in steps.items():
+                start = time.perf_counter()
+                step()
+                synchronize(device)
+                if round_index >= warmup:
+                    times[key].append(time.perf_counter() - start)
+    median = {key: statistics.median(values) for key, values in times.items()}
+    return [
+        LinearDecodingResult(name, context, median[name, context], memory[name, context],
+                             median[name, context] / median[softmax, context], median[name, context] / median[name, contexts[0]])
+        for name in LINEAR_DECODERS for context in contexts
+    ]
+
+
+def linear_to_markdown(results: list[LinearDecodingResult]) -> str:
+    """The linear decoding results as a markdown table."""
+    lines = ["| implementation | context | ms per step (B new tokens) | time vs softmax | time vs shortest context | "
+             "memory per sequence (KiB) |", "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.implementation} | {r.context} | {1e3 * r.seconds_per_token:.3f} | {r.time_vs_softmax:.2f} | "
+                     f"{r.time_vs_shortest_context:.2f} | {r.memory_bytes_per_sequence / 1024:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _write(target: str, text: str) -> None:
     if target == "-":
         sys.stdout.write(text)
@@ -563,6 +685,15 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: run the benchmark and print a markdown table."""
     args = _parser().parse_args(argv)
     device = get_device() if args.device is None else torch.device(args.device)
+    if args.linear:
+        linear_results = linear_decoding(args.batch, tuple(args.length or (256, 1024, 4096)), args.embed_dim, args.heads,
+                                         device=device, dtype=_DTYPES[args.dtype], warmup=args.warmup, repeats=args.repeats)
+        print(f"one decoding step after `context` tokens, {args.dtype}; median of {args.repeats} rounds; {_environment(device)}")
+        print(linear_to_markdown(linear_results))
+        if args.markdown:
+            _write(args.markdown, linear_to_markdown(linear_results))
+        return 0
+    args.length = args.length or [512]
     if args.gqa:
         kv_heads = tuple(g for g in (args.heads, 4, 2, 1) if args.heads % g == 0)
         gqa_results = gqa_decoding(args.batch, args.length[0], args.embed_dim, args.heads, kv_heads, args.window,

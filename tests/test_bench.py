@@ -157,3 +157,28 @@ def test_gqa_decoding_reports_ratios_to_multihead_attention():
                             warmup=0, repeats=1)
     assert windowed[1].cache_bytes_per_token == 2 * 2 * 8 * 4  # keys and values, 2 heads of width 8, float32
     assert "cache vs MHA" in gqa_to_markdown(results)
+
+
+def test_linear_decoding_state_stays_constant_while_the_cache_grows(capsys):
+    from attn_course.bench import LINEAR_DECODERS, linear_decoding, linear_to_markdown
+
+    results = linear_decoding(batch_size=2, contexts=(32, 8), embed_dim=16, num_heads=2, device="cpu", warmup=0, repeats=2)
+    assert [(r.implementation, r.context) for r in results] == [(name, c) for name in LINEAR_DECODERS for c in (8, 32)]
+    rows = {(r.implementation, r.context): r for r in results}
+    softmax, linear, delta = LINEAR_DECODERS
+    # the KV cache holds context + 1 keys and values of 2 heads of width 8, float32; the states hold (D_k, D) per head
+    assert [rows[softmax, c].memory_bytes_per_sequence for c in (8, 32)] == [2 * 2 * 8 * 9 * 4, 2 * 2 * 8 * 33 * 4]
+    assert rows[linear, 8].memory_bytes_per_sequence == rows[linear, 32].memory_bytes_per_sequence == (2 * 8 * 8 + 2 * 8) * 4
+    assert rows[delta, 8].memory_bytes_per_sequence == rows[delta, 32].memory_bytes_per_sequence == 2 * 8 * 8 * 4
+    for r in results:
+        assert r.seconds_per_token > 0
+        assert r.time_vs_softmax == pytest.approx(r.seconds_per_token / rows[softmax, r.context].seconds_per_token)
+        assert r.time_vs_shortest_context == pytest.approx(r.seconds_per_token / rows[r.implementation, 8].seconds_per_token)
+    assert rows[softmax, 32].time_vs_softmax == 1.0 and rows[linear, 8].time_vs_shortest_context == 1.0
+    assert "time vs softmax" in linear_to_markdown(results)
+    assert bench.main(["--linear", "--device", "cpu", "--batch", "1", "--length", "4", "--embed-dim", "8", "--heads", "2",
+                       "--repeats", "1", "--warmup", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "one decoding step after `context` tokens" in printed and "DeltaNetAttention, gated (state) | 4 |" in printed
+    with pytest.raises(ValueError, match="contexts"):
+        linear_decoding(contexts=())
