@@ -10,8 +10,6 @@
       var hidden = details.querySelector("summary .expanded");
       if (shown) { shown.textContent = "Show solution"; }
       if (hidden) { hidden.textContent = "Hide solution"; }
-      var summary = details.querySelector("summary");
-      if (summary) { summary.setAttribute("aria-label", "Show or hide the solution"); }
     });
     // A solution's output that gives the answer away (tag hide-output) gets its own toggle.
     document.querySelectorAll(".cell.tag_solution details.below-input").forEach(function (details) {
@@ -76,6 +74,57 @@
     });
   }
 
+  // Label in name (WCAG 2.5.3): a control's accessible name must contain the text it shows, so that a
+  // reader who says what they see ("click Show solution") reaches it. The theme's controls name
+  // themselves otherwise:
+  // - the search buttons show "Search Ctrl+K" (⌘K on a Mac) but were named "Search": their name now
+  //   comes from what they show, and the shortcut is announced as such (aria-keyshortcuts);
+  // - the colour-mode switch shows one icon titled "Light", "Dark" or "System Settings" but was
+  //   named "Color mode": it is now "Color mode: Light" (and so on), kept up to date when it cycles;
+  // - collapsed cells (solutions, hidden outputs) show "Show solution" or "Show the solution's
+  //   output" but were named "Toggle hidden content": their name now comes from what they show
+  //   (<summary> reports open or closed on its own).
+  var MODE_NAMES = { light: "Light", dark: "Dark", auto: "System Settings" };
+
+  function setAttribute(element, name, value) {
+    if (element.getAttribute(name) !== value) { element.setAttribute(name, value); }
+  }
+
+  function visibleText(element) {
+    return (element.innerText || "").replace(/\s+/g, " ").trim();
+  }
+
+  function labelInName() {
+    document.querySelectorAll(".search-button-field").forEach(function (button) {
+      if (!button.querySelector(".search-button__default-text")) { return; }  // an icon only: its aria-label stays
+      button.removeAttribute("aria-label");
+      var modifier = button.querySelector(".kbd-shortcut__modifier");
+      setAttribute(button, "aria-keyshortcuts", modifier && modifier.textContent.trim() === "⌘" ? "Meta+K" : "Control+K");
+    });
+    document.querySelectorAll(".theme-switch-button").forEach(function (button) {
+      var shown = Array.prototype.find.call(button.querySelectorAll(".theme-switch"), function (icon) {
+        return window.getComputedStyle(icon).display !== "none";
+      });
+      var title = shown && (shown.getAttribute("title") || (shown.querySelector("title") || {}).textContent);
+      var mode = title || MODE_NAMES[document.documentElement.dataset.mode] || "";
+      setAttribute(button, "aria-label", mode ? "Color mode: " + mode.trim() : "Color mode");
+    });
+    document.querySelectorAll("main details > summary[aria-label]").forEach(function (summary) {
+      var label = summary.getAttribute("aria-label").toLowerCase();
+      var text = visibleText(summary).toLowerCase();
+      if (text && label.indexOf(text) === -1) { summary.removeAttribute("aria-label"); }
+    });
+  }
+
+  function watchHeader() {
+    labelInName();
+    // The switch cycles the mode (data-mode on <html>); Font Awesome swaps the icons for SVGs.
+    if ("MutationObserver" in window) {
+      new MutationObserver(labelInName).observe(document.documentElement, { attributes: true, attributeFilter: ["data-mode", "data-theme"] });
+    }
+    window.addEventListener("load", labelInName);
+  }
+
   function watchWidgets() {
     widgetAccessibility();
     var pending = false;
@@ -96,6 +145,7 @@
   function onReady() {
     mathjax2Shim();  // deferred scripts (MathJax) have run by now; the widgets render at "load"
     labelSolutions();
+    watchHeader();
     watchWidgets();
   }
   if (document.readyState === "loading") {

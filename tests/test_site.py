@@ -580,10 +580,16 @@ def test_translator_panel_in_the_browser(page_name, browser_context, server, net
 # Accessibility: axe-core (from npm, fetched by tools/vendor_assets.py) on every page, light and dark.
 
 AXE_JS = ROOT / "_vendor" / "axe-core" / "axe.min.js"
+sys.path.insert(0, str(ROOT / "tools"))
+AXE_VERSION = __import__("vendor_assets").PACKAGES["axe-core"]  # tools/vendor_assets.py
 AXE_REPORT = SCREENSHOTS / "axe.json"
 GENERIC_ALT = re.compile(r"^(|image|img|figure|picture|plot|png|output|[0-9a-f]{16,}.*|.*\.(png|svg|jpe?g))$", re.I)
 
-# Light mode: every rule. Dark mode changes only colours: the colour-contrast rule again. That rule is
+# axe-core 4.14 or newer (tools/vendor_assets.py pins it): from 4.14 on, WCAG 2.5.3 "label in name"
+# (label-content-name-mismatch: a control's accessible name must contain the text it shows) is a rule
+# of impact "serious" that runs by default; before, it was experimental and off.
+# Light mode: every rule. Dark mode changes colours, and the colour-mode switch's icon and name: the
+# colour-contrast and label-in-name rules again. The contrast rule is
 # the slow one (about 6 s on a chapter page, most of it on the thousands of coloured spans of the
 # highlighted code); the code's colours come from one stylesheet, the same on every page, so they are
 # judged in full on one page (CONTRAST_IN_FULL) and left out of the contrast rule on the others.
@@ -594,7 +600,10 @@ AXE_RUN = """async ([contrastOnly, skipCode]) => {
     count: v.nodes.length}));
   const contrast = (await axe.run(skipCode ? {exclude: [[".highlight"]]} : document,
                                   {runOnly: ["color-contrast"], resultTypes: ["violations"]})).violations;
-  if (contrastOnly) { return format(contrast); }
+  if (contrastOnly) {
+    const labels = (await axe.run(document, {runOnly: ["label-content-name-mismatch"], resultTypes: ["violations"]})).violations;
+    return format([...contrast, ...labels]);
+  }
   const others = (await axe.run(document, {rules: {"color-contrast": {enabled: false}}, resultTypes: ["violations"]})).violations;
   return format([...contrast, ...others]);
 }"""
@@ -632,6 +641,9 @@ def test_page_accessibility(page_name, browser_context, server):
         images = page.evaluate(IMAGES_WITHOUT_ALT)
         bad_alt = [img for img in images if not img["hidden"] and GENERIC_ALT.match((img["alt"] or "").strip())]
         page.add_script_tag(path=str(AXE_JS))
+        axe_version, label_rule = page.evaluate("""() => [axe.version, axe.getRules().find((r) => r.ruleId === "label-content-name-mismatch")]""")
+        assert axe_version == AXE_VERSION, f"{AXE_JS} is axe-core {axe_version}, not the pinned {AXE_VERSION}: run `make vendor`"
+        assert label_rule and "experimental" not in label_rule["tags"], "axe-core runs no label-in-name rule by default"
         found = {}
         for theme in ("light", "dark"):
             _set_theme(page, theme)
