@@ -23,6 +23,8 @@ from .caches import RollingKVCache  # 10
 from .gqa import GroupedQueryAttention  # 10
 from .latent import MultiHeadLatentAttention  # 11
 from .caches import LatentKVCache, cache_elements_per_token  # 11
+from .linear import DeltaNetAttention, LinearAttention, LinearAttentionState, delta_rule, delta_rule_step  # 12
+from .linear import linear_attention, linear_attention_step  # 12
 from .decoder import DecoderOnlyLM, generate  # 08-11
 from .plotting import plot_attention, plot_attention_grid
 from .widgets import explorable
@@ -78,6 +80,13 @@ __all__ = [
     "MultiHeadLatentAttention",
     "LatentKVCache",
     "cache_elements_per_token",
+    "linear_attention",
+    "linear_attention_step",
+    "LinearAttentionState",
+    "delta_rule",
+    "delta_rule_step",
+    "LinearAttention",
+    "DeltaNetAttention",
     "plot_attention",
     "plot_attention_grid",
     "explorable",

@@ -395,6 +395,12 @@ def test_modules_train():
         assert any(g.abs().sum() > 0 for g in grads.values())
 
 
+def test_exported_from_the_package():
+    for name in ("linear_attention", "linear_attention_step", "delta_rule", "delta_rule_step", "LinearAttention",
+                 "DeltaNetAttention", "LinearAttentionState"):
+        assert getattr(ac, name) is getattr(__import__("attn_course.linear", fromlist=[name]), name)
+
+
 # -- bad arguments -----------------------------------------------------------------------------------
 q4, k4, v4 = _qkv(dtype=torch.float32)
 beta4 = torch.rand(2, 2, 7)
