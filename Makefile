@@ -34,7 +34,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # round differently from them, and from each other) on one thread (another summation order).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
 
-.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check clean distclean sync execute
+.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check clean distclean sync execute release
 
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
@@ -45,6 +45,7 @@ help:
 	@echo "make test-site       browser test of the site that \`make book\` built (_build/html)"
 	@echo "make vendor  fetch MathJax and the ipywidgets scripts from npm into _vendor/ (make book does it)"
 	@echo "make sync    rewrite each chapter's first cell from _config.yml (after changing the repository URL)"
+	@echo "make release VERSION=X.Y.Z   set the version, rewrite the first cells, commit and tag vX.Y.Z (RELEASING.md)"
 	@echo "make execute CHAPTER=chapters/02_simple_self_attention.ipynb   re-execute one chapter in place, and"
 	@echo "             check that its compared outputs are the same on the other numerical path"
 	@echo "make clean   remove _build (keeps .venv and _vendor); make distclean removes those too"
@@ -92,6 +93,10 @@ student-check: setup
 
 sync: setup
 	$(PY) tools/sync_setup_cells.py
+
+release: setup
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=X.Y.Z (see RELEASING.md)"; exit 2; }
+	$(PY) tools/release.py $(VERSION)
 
 execute: setup
 	$(PY) tools/execute.py $(CHAPTER)

@@ -31,6 +31,8 @@ built it:
    hidden ``<span class="attn-figure-alt" data-alt="...">``, which ``_static/course.js`` puts on its pictures.
 6. lets ``ATTN_COURSE_EXECUTE=off`` (or ``cache``, ``force``) override ``execute_notebooks``, so that the
    browser test can build the site from the committed, executed notebooks without running them again.
+7. puts the licences and the authorship in every page's footer (``extra_footer``, see ``FOOTER``), with
+   links to ``LICENSE``, ``LICENSE-CONTENT`` and ``CITATION.cff`` in the repository of ``_config.yml``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,26 @@ PANEL_ID = "attn-translator-panel"
 EXECUTION_MODES = ("off", "auto", "cache", "force", "inline")
 
 
+# The footer of every page: the licences of LICENSE and LICENSE-CONTENT, the authors of CITATION.cff
+# (tests/test_release.py checks that they agree). {repo} is repository.url/blob/<branch> of _config.yml.
+FOOTER = (
+    '<p class="attn-licence">Code under the <a href="{repo}/LICENSE">MIT licence</a>, text and figures under '
+    '<a href="{repo}/LICENSE-CONTENT">CC BY 4.0</a>, by the attn-course authors. '
+    'Cite with <a href="{repo}/CITATION.cff">CITATION.cff</a>.</p>'
+)
+
+
+def _footer(config) -> None:
+    options = config.html_theme_options
+    if options.get("extra_footer"):  # set by hand in _config.yml: keep it
+        return
+    url = str(options.get("repository_url") or "").rstrip("/")
+    repo = f"{url}/blob/{options.get('repository_branch') or 'main'}" if url else ""
+    options["extra_footer"] = FOOTER.format(repo=html_escape(repo))
+
+
 def _configure(app, config) -> None:
+    _footer(config)
     mode = os.environ.get("ATTN_COURSE_EXECUTE")
     if mode:
         if mode not in EXECUTION_MODES:
