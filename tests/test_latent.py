@@ -328,7 +328,7 @@ BAD_CALLS = [
      TypeError, "absorb"),
     (lambda: _module().forward_cached(torch.randn(1, 3, 24, dtype=torch.float64), _module().new_cache(1, 8), layer=1),
      ValueError, "layer"),
-    (lambda: ac.DecoderOnlyLM(10, attention="linear"), ValueError, "attention must be one of"),
+    (lambda: ac.DecoderOnlyLM(10, attention="flash"), ValueError, "attention must be one of"),
     (lambda: ac.DecoderOnlyLM(10, attention="mla"), ValueError, "needs kv_latent_dim"),
     (lambda: ac.DecoderOnlyLM(10, attention="mla", kv_latent_dim=8, num_kv_heads=2), ValueError, "num_kv_heads"),
     (lambda: ac.DecoderOnlyLM(10, attention="mla", kv_latent_dim=8, window=4), ValueError, "window"),

@@ -465,3 +465,73 @@ BAD = [
 def test_bad_arguments_raise_clear_errors(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
+
+
+# -- in the decoder-only model ------------------------------------------------------------------------
+MODEL_KINDS = [
+    ("linear", {}),
+    ("delta", {}),
+    ("gated_delta", {}),
+    (["gated_delta", "gated_delta", "mha"], {}),  # a hybrid: two delta-rule layers, then one softmax layer
+    (["linear", "gqa", "delta"], dict(num_kv_heads=2, position="rotary")),
+    (["delta", "mla", "delta"], dict(kv_latent_dim=8)),
+]
+
+
+@pytest.mark.parametrize("attention, options", MODEL_KINDS, ids=[str(a) for a, _ in MODEL_KINDS])
+def test_decoder_only_lm_cached_equals_uncached(attention, options, device):
+    torch.manual_seed(0)
+    model = ac.DecoderOnlyLM(17, d_model=16, num_heads=4, num_layers=3, d_ff=32, max_len=20, attention=attention,
+                             **options).to(device=device, dtype=torch.float64).eval()
+    kinds = [attention] * 3 if isinstance(attention, str) else attention
+    for layer, kind in zip(model.layers, kinds):
+        attn = layer.self_attn
+        if kind == "linear":
+            assert isinstance(attn, LinearAttention)
+        elif kind in ("delta", "gated_delta"):
+            assert isinstance(attn, DeltaNetAttention) and attn.use_gate == (kind == "gated_delta")
+        else:
+            assert not isinstance(attn, (LinearAttention, DeltaNetAttention))
+    tokens = torch.randint(0, 17, (2, 9), device=device)
+    full = model(tokens)
+    cache = model.new_cache(2)
+    assert isinstance(cache, ac.decoder.RecurrentCache)
+    outputs = [model.forward_cached(tokens[:, :4], cache)]  # a prompt, then one token at a time
+    bytes_after_prompt = cache.nbytes
+    outputs += [model.forward_cached(tokens[:, t:t + 1], cache) for t in range(4, 9)]
+    assert cache.length == 9 and cache.nbytes == bytes_after_prompt  # states do not grow (softmax caches are preallocated)
+    torch.testing.assert_close(torch.cat(outputs, dim=1), full, **F64)
+    prompt = tokens[:, :3]
+    assert torch.equal(ac.generate(model, prompt, 8), ac.generate(model, prompt, 8, use_cache=False))
+
+
+def test_decoder_only_lm_recurrent_states_are_smaller_than_a_cache():
+    common = dict(vocab_size=11, d_model=32, num_heads=4, num_layers=4, d_ff=32, max_len=512)
+    softmax = ac.DecoderOnlyLM(**common).new_cache(1).nbytes
+    delta = ac.DecoderOnlyLM(**common, attention="delta").new_cache(1).nbytes
+    hybrid = ac.DecoderOnlyLM(**common, attention=["delta"] * 3 + ["mha"]).new_cache(1).nbytes
+    assert delta == 4 * 4 * 8 * 8 * 4  # 4 layers of 4 heads of (D_k, D) = (8, 8), float32
+    assert hybrid == 3 * 4 * 8 * 8 * 4 + softmax // 4  # one softmax layer keeps its keys and values
+    assert delta < hybrid < softmax
+
+
+MODEL_BAD = [
+    ("two lists", lambda: ac.DecoderOnlyLM(10, num_layers=2, attention=["delta"]), ValueError, "one kind per layer"),
+    ("unknown kind", lambda: ac.DecoderOnlyLM(10, num_layers=2, attention=["delta", "flash"]), ValueError, "flash"),
+    ("two softmax kinds", lambda: ac.DecoderOnlyLM(10, num_layers=2, attention=["mha", "gqa"], num_kv_heads=2), ValueError,
+     "one softmax kind"),
+    ("not a list", lambda: ac.DecoderOnlyLM(10, attention=3), TypeError, "attention"),
+    ("rotary without softmax", lambda: ac.DecoderOnlyLM(10, attention="linear", position="rotary"), ValueError, "rotary"),
+    ("kv heads without softmax", lambda: ac.DecoderOnlyLM(10, attention="delta", num_kv_heads=2), ValueError, "num_kv_heads"),
+    ("gqa hybrid needs kv heads", lambda: ac.DecoderOnlyLM(10, num_layers=2, attention=["delta", "gqa"]), ValueError, "num_kv_heads"),
+    ("a KV cache for a linear model", lambda: ac.DecoderOnlyLM(10, attention="linear").forward_cached(
+        torch.zeros(1, 2, dtype=torch.long), ac.KVCache(2, 1, 4, 16, 8)), TypeError, "RecurrentCache"),
+    ("absorb without mla", lambda: ac.generate(ac.DecoderOnlyLM(10, attention="delta"), torch.zeros(1, 2, dtype=torch.long), 2,
+                                               absorb=True), ValueError, "mla"),
+]
+
+
+@pytest.mark.parametrize("call, error, pattern", [c[1:] for c in MODEL_BAD], ids=[c[0] for c in MODEL_BAD])
+def test_decoder_only_lm_rejects_bad_attention_choices(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
