@@ -60,11 +60,12 @@ PANEL_ID = "attn-translator-panel"
 EXECUTION_MODES = ("off", "auto", "cache", "force", "inline")
 
 
-# The footer of every page: the licences of LICENSE and LICENSE-CONTENT, the authors of CITATION.cff
-# (tests/test_release.py checks that they agree). {repo} is repository.url/blob/<branch> of _config.yml.
+# The footer of every page, under the theme's "By <author>" (`author` in _config.yml, the authors of
+# CITATION.cff): the licences of LICENSE and LICENSE-CONTENT and how to cite (tests/test_release.py
+# checks that they agree). {repo} is repository.url/blob/<branch> of _config.yml.
 FOOTER = (
     '<p class="attn-licence">Code under the <a href="{repo}/LICENSE">MIT licence</a>, text and figures under '
-    '<a href="{repo}/LICENSE-CONTENT">CC BY 4.0</a>, by the attn-course authors. '
+    '<a href="{repo}/LICENSE-CONTENT">CC BY 4.0</a>. '
     'Cite with <a href="{repo}/CITATION.cff">CITATION.cff</a>.</p>'
 )
 
