@@ -156,13 +156,16 @@ class Cache:
         """Forget every position (the buffers are kept and overwritten)."""
         self._lengths = [0] * len(self._lengths)
 
+    def _check_layer(self, layer: int) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {describe(layer)}")
+
     def _check(self, layer: int, layout: str, **new: torch.Tensor) -> int:
         """Check ``layer`` and the new tensors of every part against the buffers; return ``T_new``.
 
         ``layout`` spells the expected shape for messages, e.g. ``"(B, H, T_new, D)"``.
         """
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {describe(layer)}")
+        self._check_layer(layer)
         lengths = set()
         for name, x in new.items():
             check_tensor(name, x, floating=True)
@@ -314,7 +317,8 @@ class LatentKVCache(Cache):
     For every token it keeps the compressed latent ``c_KV`` (width ``d_c``), from which every head's
     key and value are recomputed (or into which the up-projections are absorbed), and the decoupled
     rotary key ``k_R`` (width ``d_h^R``), one for all heads: ``d_c + d_h^R`` numbers per token and
-    layer, against ``2 * H * D`` for :class:`KVCache`.
+    layer, against ``2 * H * D`` for :class:`KVCache`. The two sit side by side in one buffer, so
+    that the absorbed step reads them as one key per token (:meth:`joint`) without copying.
 
     Args:
         num_layers: number of attention layers that use the cache.
@@ -325,7 +329,8 @@ class LatentKVCache(Cache):
         device, dtype: of the buffers.
 
     Shape:
-        Each layer holds latents ``(B, max_len, d_c)`` and rotary keys ``(B, max_len, d_h^R)``.
+        Each layer holds one buffer ``(B, max_len, d_c + d_h^R)``: :attr:`latents` are its first
+        ``d_c`` columns, :attr:`rope_keys` (None without a rotary part) the last ``d_h^R``.
     """
 
     def __init__(self, num_layers: int, batch_size: int, kv_latent_dim: int, rope_head_dim: int, max_len: int,
@@ -333,34 +338,50 @@ class LatentKVCache(Cache):
         check_positive_int("batch_size", batch_size)
         check_positive_int("kv_latent_dim", kv_latent_dim)
         check_positive_int("rope_head_dim", rope_head_dim, allow_zero=True)
-        parts = {"latents": (batch_size, None, kv_latent_dim)}
-        if rope_head_dim:
-            parts["rope_keys"] = (batch_size, None, rope_head_dim)
-        super().__init__(num_layers, parts, max_len, capacity_name="max_len", device=device, dtype=dtype)
-        self.latents = self._buffers["latents"]
-        self.rope_keys = self._buffers.get("rope_keys")  # None without a rotary part
+        super().__init__(num_layers, {"joint": (batch_size, None, kv_latent_dim + rope_head_dim)}, max_len,
+                         capacity_name="max_len", device=device, dtype=dtype)
         self.kv_latent_dim, self.rope_head_dim, self.max_len = kv_latent_dim, rope_head_dim, max_len
+        buffers = self._buffers["joint"]
+        self.latents = [buffer[..., :kv_latent_dim] for buffer in buffers]  # views, one per layer: (B, max_len, d_c)
+        self.rope_keys = [buffer[..., kv_latent_dim:] for buffer in buffers] if rope_head_dim else None
 
     def update(self, layer: int, latents: torch.Tensor, rope_keys: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append the latents (and rotary keys) of new tokens to ``layer``; return all stored so far.
 
         Returns:
-            ``(all_latents, all_rope_keys)``, views of the buffers, old tokens first; the second is
+            ``(all_latents, all_rope_keys)``, views of the buffer, old tokens first; the second is
             None for a cache without a rotary part.
 
         Shape:
             latents: ``(B, T_new, d_c)``, rope_keys: ``(B, T_new, d_h^R)`` -> ``(B, S, d_c)``, ``(B, S, d_h^R)``.
         """
+        self._check_layer(layer)
         if self.rope_head_dim and rope_keys is None:
             raise ValueError(f"rope_keys must be given: this cache stores rotary keys of width rope_head_dim={self.rope_head_dim}")
         if not self.rope_head_dim and rope_keys is not None:
             raise ValueError(f"rope_keys must be None: this cache was built with rope_head_dim=0, got {describe(rope_keys)}")
-        if rope_keys is None:
-            self._check(layer, "(B, T_new, d_c)", latents=latents)
-            return self._append(layer, latents=latents)[0], None
-        self._check(layer, "(B, T_new, width)", latents=latents, rope_keys=rope_keys)
-        return self._append(layer, latents=latents, rope_keys=rope_keys)
+        B = self._batch_size()
+        for name, x, width in (("latents", latents, self.kv_latent_dim), ("rope_keys", rope_keys, self.rope_head_dim)):
+            if x is None:
+                continue
+            check_tensor(name, x, floating=True)
+            if x.dim() != 3 or x.size(0) != B or x.size(-1) != width:
+                raise ValueError(f"{name} must have shape (B, T_new, {'d_c' if name == 'latents' else 'd_h^R'}) = "
+                                 f"{(B, 'T_new', width)}, got {tuple(x.shape)}")
+        if rope_keys is not None and rope_keys.size(1) != latents.size(1):
+            raise ValueError(f"latents and rope_keys must hold the same number of new positions, got latents "
+                             f"{tuple(latents.shape)} and rope_keys {tuple(rope_keys.shape)}")
+        new = latents if rope_keys is None else torch.cat([latents, rope_keys], dim=-1)  # (B, T_new, d_c + d_h^R)
+        (joint,) = self._append(layer, joint=new)  # (B, S, d_c + d_h^R)
+        return joint[..., :self.kv_latent_dim], (joint[..., self.kv_latent_dim:] if self.rope_head_dim else None)
+
+    def joint(self, layer: int) -> torch.Tensor:
+        """The stored latents and rotary keys of ``layer`` side by side, a view: ``(B, S, d_c + d_h^R)``.
+
+        This is the one key per token that every head scores in the absorbed form of latent attention."""
+        self._check_layer(layer)
+        return self._buffers["joint"][layer][:, :self._lengths[layer]]
 
 
 def cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:

@@ -206,24 +206,29 @@ class MultiHeadLatentAttention(nn.Module):
         return grouped_attention(queries, keys, values, mask, dropout_p=self.dropout if self.training else 0.0,
                                  backend=self.backend, need_weights=need_weights, scale=self.scale)  # (18)
 
-    def _attend_absorbed(self, q_content, q_rope, latents, rope_keys, mask):
+    def _attend_absorbed(self, q_content, q_rope, joint, mask):
         """The same numbers with ``W_UK`` folded into the queries and ``W_UV`` applied after the average:
-        attention of every head to one shared head, the latents."""
+        attention of every head to one shared head, the latents (``joint`` holds the latents and the
+        rotary keys side by side, ``(B, S, Dc + Dr)``, as :meth:`LatentKVCache.joint` gives them)."""
         B, H, L, D = q_content.shape
-        Dc = self.kv_latent_dim
+        Dc, S = self.kv_latent_dim, joint.size(1)
+        latents = joint[..., :Dc]  # (B, S, Dc), a view
         w_uk = self.k_up_proj.weight.view(H, D, Dc)  # (H*D, Dc) -> (H, D, Dc): W_UK,i for each head i
         w_uv = self.v_up_proj.weight.view(H, D, Dc)  # W_UV,i
         # q . (W_UK,i c + b) = (W_UK,i^T q) . c + q . b; the last term is the same for every key of a
         # query, and softmax ignores it: the bias of W_UK drops out.
         q_latent = torch.einsum("bhld,hdc->bhlc", q_content, w_uk)  # (B, H, L, D) x (H, D, Dc) -> (B, H, L, Dc)
-        if rope_keys is None:
-            queries, keys = q_latent, latents[:, None]  # (B, H, L, Dc), (B, 1, S, Dc)
-        else:
-            queries = torch.cat([q_latent, q_rope], dim=-1)  # (B, H, L, Dc + Dr)
-            keys = torch.cat([latents, rope_keys], dim=-1)[:, None]  # (B, 1, S, Dc + Dr): one head for all
-        context_latent, _ = grouped_attention(queries, keys, latents[:, None], mask,
+        queries = q_latent if q_rope is None else torch.cat([q_latent, q_rope], dim=-1)  # (B, H, L, Dc + Dr)
+        keys = joint[:, None]  # (B, 1, S, Dc + Dr): one key per token for all heads, the latent and the rotary key
+        # Every head reads the same keys and values, so the heads can stand in line as H * L queries
+        # of one head: one matrix product against the cache, which is never copied per head.
+        if mask is not None:
+            mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, L, S), b and h maybe 1
+            mask = mask.expand(mask.size(0), H, L, S).reshape(mask.size(0), 1, H * L, S)  # (b, 1, H*L, S)
+        context_latent, _ = grouped_attention(queries.reshape(B, 1, H * L, -1), keys, latents[:, None], mask,
                                               dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
-                                              scale=self.scale)  # (B, H, L, Dc): each head's average of the latents
+                                              scale=self.scale)  # (B, 1, H*L, Dc): each query's average of the latents
+        context_latent = context_latent.view(B, H, L, Dc)  # (B, 1, H*L, Dc) -> (B, H, L, Dc)
         context = torch.einsum("bhlc,hdc->bhld", context_latent, w_uv)  # (B, H, L, Dc) x (H, D, Dc) -> (B, H, L, D)
         if self.v_up_proj.bias is not None:  # sum_j a_j (W c_j + b) = W (sum_j a_j c_j) + b: the weights sum to one
             context = context + self.v_up_proj.bias.view(H, 1, D)
@@ -302,7 +307,7 @@ class MultiHeadLatentAttention(nn.Module):
         S = latents.size(1)
         mask = None if T == 1 else causal_mask(T, S, align="bottom_right", device=x.device)  # (T, S), True = may attend
         if absorb:
-            context = self._attend_absorbed(q_content, q_rope, latents, rope_keys, mask)
+            context = self._attend_absorbed(q_content, q_rope, cache.joint(layer), mask)
         else:
             context, _ = self._attend_naive(q_content, q_rope, latents, rope_keys, mask, need_weights=False)
         return self._merge_heads(context)  # (B, T, E)
