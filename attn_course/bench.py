@@ -6,6 +6,7 @@ Run it from a shell::
     python -m attn_course.bench --length 256 512 1024 --csv times.csv --markdown times.md
     python -m attn_course.bench --device cpu --dtype bfloat16 --repeats 10
     python -m attn_course.bench --linear --length 256 1024 4096 16384   # chapter 12: one decoding step
+    python -m attn_course.bench --mla --length 1024                     # chapter 11: latent attention, one decoding step
 
 or from Python with :func:`benchmark`. Every implementation computes the same function (the same
 weights, copied from one ``nn.MultiheadAttention``; :func:`benchmark` checks that their outputs
@@ -38,6 +39,7 @@ from torch import nn
 
 from ._checks import check_bool, check_positive_int, describe
 from .gqa import GroupedQueryAttention
+from .latent import MultiHeadLatentAttention
 from .linear import DeltaNetAttention, LinearAttention
 from .multihead import MultiHeadAttention
 from .scaled import SelfAttention
@@ -59,6 +61,9 @@ __all__ = [
     "gqa_decoding",
     "gqa_to_markdown",
     "LinearDecodingResult",
+    "MLADecodingResult",
+    "mla_decoding",
+    "mla_to_markdown",
     "linear_decoding",
     "linear_to_markdown",
 ]
@@ -464,10 +469,27 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gqa", action="store_true", help="time one cached decoding step of grouped-query attention "
                         "for 8, 4, 2 and 1 key/value heads instead (context = the first --length)")
     parser.add_argument("--window", type=int, default=None, help="with --gqa: a sliding window")
+    parser.add_argument("--mla", action="store_true", help="time one cached decoding step of multi-head latent attention, "
+                        "naive and absorbed, against MHA and GQA of the same width (context = the first --length)")
     parser.add_argument("--linear", action="store_true", help="time one decoding step of softmax attention with a KV "
                         "cache against the recurrent steps of linear attention and the gated delta rule, for each "
                         "context in --length")
     return parser
+
+
+def _median_step_times(steps: dict, device: torch.device, warmup: int, repeats: int) -> dict:
+    """Run every step in turns, round after round (``warmup`` untimed rounds, then ``repeats`` timed
+    ones), so that a change in the machine's load affects all of them alike; the median seconds of each."""
+    times = {key: [] for key in steps}
+    with torch.no_grad():
+        for round_index in range(warmup + repeats):
+            for key, step in steps.items():
+                start = time.perf_counter()
+                step()
+                synchronize(device)
+                if round_index >= warmup:
+                    times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 @dataclass
@@ -528,23 +550,15 @@ def gqa_decoding(
     def step(g):
         cache = caches[g]
         cache._lengths = [filled[g]] * len(cache._lengths)  # forget the previous timed token: the same step each time
-        with torch.no_grad():
-            modules[g].forward_cached(new_token, cache)
-        synchronize(device)
+        modules[g].forward_cached(new_token, cache)
 
-    times = {g: [] for g in heads}
-    for round_index in range(warmup + repeats):
-        for g in heads:
-            start = time.perf_counter()
-            step(g)
-            if round_index >= warmup:
-                times[g].append(time.perf_counter() - start)
+    median = _median_step_times({g: (lambda g=g: step(g)) for g in heads}, device, warmup, repeats)
     kept = context + 1 if window is None else min(window, context + 1)
-    base_time = statistics.median(times[num_heads])
+    base_time = median[num_heads]
     base_bytes = caches[num_heads].nbytes / (batch_size * kept)
     results = []
     for g in heads:
-        seconds = statistics.median(times[g])
+        seconds = median[g]
         per_token = caches[g].nbytes / (batch_size * kept)
         results.append(GQADecodingResult(g, window, context, seconds, per_token, seconds / base_time, per_token / base_bytes))
     return results
@@ -646,16 +660,7 @@ def linear_decoding(
             steps[delta, context] = lambda state=delta_state: modules[delta].forward_cached(new_token, state)
             memory[delta, context] = delta_state.numel() * delta_state.element_size() // batch_size
 
-    times = {key: [] for key in steps}
-    with torch.no_grad():
-        for round_index in range(warmup + repeats):
-            for key, step in steps.items():
-                start = time.perf_counter()
-                step()
-                synchronize(device)
-                if round_index >= warmup:
-                    times[key].append(time.perf_counter() - start)
-    median = {key: statistics.median(values) for key, values in times.items()}
+    median = _median_step_times(steps, device, warmup, repeats)
     return [
         LinearDecodingResult(name, context, median[name, context], memory[name, context],
                              median[name, context] / median[softmax, context], median[name, context] / median[name, contexts[0]])
@@ -670,6 +675,101 @@ def linear_to_markdown(results: list[LinearDecodingResult]) -> str:
     for r in results:
         lines.append(f"| {r.implementation} | {r.context} | {1e3 * r.seconds_per_token:.3f} | {r.time_vs_softmax:.2f} | "
                      f"{r.time_vs_shortest_context:.2f} | {r.memory_bytes_per_sequence / 1024:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class MLADecodingResult:
+    """One cached decoding step of one attention after ``context`` tokens: time and cache bytes per
+    token, and their ratios to multi-head attention measured in the same run."""
+
+    attention: str
+    context: int
+    seconds_per_token: float
+    cache_bytes_per_token: float
+    time_ratio: float
+    cache_ratio: float
+
+
+def mla_decoding(
+    batch_size: int = 8,
+    context: int = 1024,
+    embed_dim: int = 512,
+    num_heads: int = 8,
+    kv_latent_dim: int | None = None,
+    rope_head_dim: int | None = None,
+    num_kv_heads: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    warmup: int = 2,
+    repeats: int = 7,
+    seed: int = 0,
+) -> list[MLADecodingResult]:
+    """Time one cached decoding step (one new token per sequence, ``context`` tokens cached) of
+    multi-head latent attention, naive and absorbed (chapter 11), against multi-head and
+    grouped-query attention of the same width and heads.
+
+    Every attention has ``H`` heads of width ``D = E / H`` and a rotary part, and uses
+    ``backend="sdpa"``: :class:`~attn_course.GroupedQueryAttention` with ``G = H`` (the baseline of
+    the ratios) and ``G = num_kv_heads`` (default ``H / 4``), rotary; and
+    :class:`~attn_course.MultiHeadLatentAttention` with DeepSeek-V2's proportions by default,
+    ``d_c = 4 D`` and ``d_h^R = D / 2``, once up-projecting the cached latents to keys and values
+    (naive) and once scoring against them (absorbed). The caches are filled by a real prefill;
+    before timing, the absorbed step is checked to give the naive step's output. The steps are
+    timed in turns, round after round, and the median over the rounds is reported;
+    ``cache_bytes_per_token`` is the cache's memory per token and sequence.
+    """
+    for name, value in (("batch_size", batch_size), ("context", context), ("embed_dim", embed_dim),
+                        ("num_heads", num_heads), ("repeats", repeats)):
+        check_positive_int(name, value)
+    check_positive_int("warmup", warmup, allow_zero=True)
+    if embed_dim % num_heads:
+        raise ValueError(f"num_heads must divide embed_dim, got embed_dim={embed_dim} and num_heads={num_heads}")
+    D = embed_dim // num_heads
+    kv_latent_dim = 4 * D if kv_latent_dim is None else kv_latent_dim
+    rope_head_dim = max(2, D // 4 * 2) if rope_head_dim is None else rope_head_dim
+    num_kv_heads = max(1, num_heads // 4) if num_kv_heads is None else num_kv_heads
+    device = get_device() if device is None else torch.device(device)
+    torch.manual_seed(seed)
+    mha, gqa = f"MHA (G = {num_heads})", f"GQA (G = {num_kv_heads})"
+    naive, absorbed = f"MLA naive (d_c = {kv_latent_dim}, d_h^R = {rope_head_dim})", "MLA absorbed"
+    latent = MultiHeadLatentAttention(embed_dim, num_heads, D, kv_latent_dim, rope_head_dim=rope_head_dim, backend="sdpa")
+    modules = {mha: GroupedQueryAttention(embed_dim, num_heads, num_heads, rotary=True, backend="sdpa"),
+               gqa: GroupedQueryAttention(embed_dim, num_heads, num_kv_heads, rotary=True, backend="sdpa"),
+               naive: latent, absorbed: latent}
+    modules = {name: module.to(device=device, dtype=dtype).eval() for name, module in modules.items()}
+    prompt = torch.randn(batch_size, context, embed_dim, device=device, dtype=dtype)  # (B, context, E)
+    new_token = torch.randn(batch_size, 1, embed_dim, device=device, dtype=dtype)  # (B, 1, E)
+    caches, options = {}, {name: {} for name in modules}
+    options[naive], options[absorbed] = {"absorb": False}, {"absorb": True}
+    outputs = {}
+    with torch.no_grad():
+        for name, module in modules.items():
+            caches[name] = module.new_cache(batch_size, context + 1)
+            module.forward_cached(prompt, caches[name])  # the prefill, untimed
+
+    def step(name):
+        cache = caches[name]
+        cache._lengths = [context] * cache.num_layers  # forget the previous timed token: the same step each time
+        outputs[name] = modules[name].forward_cached(new_token, cache, **options[name])
+
+    with torch.no_grad():
+        step(naive), step(absorbed)
+    tolerance = dict(atol=1e-4, rtol=1e-4) if dtype in (torch.float32, torch.float64) else dict(atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(outputs[absorbed], outputs[naive], **tolerance)  # the same step, two ways
+    median = _median_step_times({name: (lambda name=name: step(name)) for name in modules}, device, warmup, repeats)
+    return [MLADecodingResult(name, context, median[name], caches[name].bytes_per_token, median[name] / median[mha],
+                              caches[name].bytes_per_token / caches[mha].bytes_per_token) for name in modules]
+
+
+def mla_to_markdown(results: list[MLADecodingResult]) -> str:
+    """The latent-attention decoding results as a markdown table, ratios to MHA of the same run."""
+    lines = ["| attention | context | ms per step (B new tokens) | time vs MHA | cache bytes per token | cache vs MHA |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.attention} | {r.context} | {1e3 * r.seconds_per_token:.3f} | {r.time_ratio:.2f} | "
+                     f"{r.cache_bytes_per_token:,.0f} | {r.cache_ratio:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -694,6 +794,14 @@ def main(argv: list[str] | None = None) -> int:
             _write(args.markdown, linear_to_markdown(linear_results))
         return 0
     args.length = args.length or [512]
+    if args.mla:
+        mla_results = mla_decoding(args.batch, args.length[0], args.embed_dim, args.heads, device=device,
+                                   dtype=_DTYPES[args.dtype], warmup=args.warmup, repeats=args.repeats)
+        print(f"one cached decoding step, {args.dtype}; median of {args.repeats} rounds; {_environment(device)}")
+        print(mla_to_markdown(mla_results))
+        if args.markdown:
+            _write(args.markdown, mla_to_markdown(mla_results))
+        return 0
     if args.gqa:
         kv_heads = tuple(g for g in (args.heads, 4, 2, 1) if args.heads % g == 0)
         gqa_results = gqa_decoding(args.batch, args.length[0], args.embed_dim, args.heads, kv_heads, args.window,

@@ -182,3 +182,27 @@ def test_linear_decoding_state_stays_constant_while_the_cache_grows(capsys):
     assert "one decoding step after `context` tokens" in printed and "DeltaNetAttention, gated (state) | 4 |" in printed
     with pytest.raises(ValueError, match="contexts"):
         linear_decoding(contexts=())
+
+
+def test_mla_decoding_reports_naive_absorbed_and_the_cache_ratios(capsys):
+    from attn_course.bench import mla_decoding, mla_to_markdown
+
+    results = mla_decoding(batch_size=2, context=12, embed_dim=32, num_heads=4, device="cpu", warmup=0, repeats=2)
+    rows = {r.attention.split(" (")[0]: r for r in results}
+    assert list(rows) == ["MHA", "GQA", "MLA naive", "MLA absorbed"]
+    D = 32 // 4  # head width; DeepSeek-V2's proportions: d_c = 4 D, d_h^R = D / 2
+    assert rows["MHA"].cache_bytes_per_token == 2 * 4 * D * 4 and rows["MHA"].time_ratio == 1.0
+    assert rows["GQA"].cache_bytes_per_token == 2 * 1 * D * 4  # H / 4 = 1 key/value head
+    for name in ("MLA naive", "MLA absorbed"):
+        assert rows[name].cache_bytes_per_token == (4 * D + D // 2) * 4  # the latent and the rotary key, float32
+        assert rows[name].cache_ratio == pytest.approx((4 * D + D // 2) / (2 * 4 * D))
+    for r in results:
+        assert r.seconds_per_token > 0 and r.context == 12
+        assert r.time_ratio == pytest.approx(r.seconds_per_token / rows["MHA"].seconds_per_token)
+    assert "MLA absorbed | 12 |" in mla_to_markdown(results)
+    assert bench.main(["--mla", "--device", "cpu", "--batch", "1", "--length", "6", "--embed-dim", "16", "--heads", "2",
+                       "--repeats", "1", "--warmup", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "one cached decoding step" in printed and "| MLA naive (d_c = 32, d_h^R = 4) | 6 |" in printed
+    with pytest.raises(ValueError, match="num_heads must divide"):
+        mla_decoding(embed_dim=30, num_heads=4)
