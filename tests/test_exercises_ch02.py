@@ -1,9 +1,15 @@
 """The exercise checks of chapter 02: for each exercise, the right answer written two ways and a table
 of the wrong answers students plausibly write, each rejected with a message that names the mistake."""
 
+import sys
+
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.functional import softmax as softmax_imported_by_name
+
+import attn_course as ac
 
 from attn_course.exercises.ch02 import (
     check_attention_without_self,
@@ -95,6 +101,80 @@ def softmax_global_sum(s):
     return e / e.sum()
 
 
+# The answers the independent review found accepted (reviews/chapters-01-02.md), and other routes to a
+# library softmax: all rejected by name now.
+def softmax_log_softmax_exp(s):
+    return torch.log_softmax(s, -1).exp()
+
+
+def softmax_functional_log_softmax_exp(s):
+    return F.log_softmax(s, dim=-1).exp()
+
+
+def softmax_method_log_softmax_exp(s):
+    return s.log_softmax(-1).exp()
+
+
+def softmax_private(s):
+    return torch._softmax(s, -1, False)
+
+
+def softmax_module(s):
+    return nn.Softmax(dim=-1)(s)
+
+
+def softmax_special(s):
+    return torch.special.softmax(s, -1)
+
+
+def softmax_aten(s):
+    return torch.ops.aten._softmax(s, -1, False)
+
+
+def softmax_alias(s):
+    return softmax_imported_by_name(s, dim=-1)
+
+
+def softmax_package(s):
+    return ac.online_softmax(s)
+
+
+def softmax_hidden_in_try(s):
+    try:
+        return torch.softmax(s, -1)
+    finally:
+        pass
+
+
+def softmax_in_place(s):  # right values, but the caller's scores are overwritten
+    s -= s.max(-1, keepdim=True).values
+    e = torch.exp(s)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_in_place_on_a_copy(s):  # another correct formulation: in place, on its own copy
+    s = s.clone()
+    s -= s.amax(-1, keepdim=True)
+    s.exp_()
+    return s / s.sum(dim=-1, keepdim=True)
+
+
+def softmax_float64(s):  # another correct formulation: computed in float64
+    d = s.double()
+    e = torch.exp(d - d.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_matrix_only(s):  # right for (N, S), wrong for (B, L, S): the max over axis 1
+    e = torch.exp(s - s.max(dim=1, keepdim=True).values)
+    return e / e.sum(dim=1, keepdim=True)
+
+
+def softmax_half(s):  # the shift is right, but computed in float16
+    e = torch.exp((s - s.amax(-1, keepdim=True)).half())
+    return (e / e.sum(-1, keepdim=True)).float()
+
+
 # --- Exercise 2: simple self-attention for a batch ------------------------------------------------
 
 def batched_right(x):
@@ -144,6 +224,30 @@ def batched_no_softmax(x):
 def batched_first_only(x):
     w = torch.softmax(x[0] @ x[0].T, dim=-1)
     return (w @ x[0]).expand_as(x), w.expand(x.size(0), -1, -1)
+
+
+def batched_package(x):
+    return ac.simple_self_attention(x)
+
+
+def batched_sdpa(x):
+    w = torch.softmax(x @ x.transpose(-2, -1), dim=-1)
+    return F.scaled_dot_product_attention(x, x, x, scale=1.0), w
+
+
+def batched_hard_coded_batch(x):
+    w = torch.softmax(torch.stack([x[0] @ x[0].T, x[1] @ x[1].T]), dim=-1)  # B = 2 written in
+    return w @ x, w
+
+
+def batched_centres_in_place(x):
+    x -= x.mean(dim=-1, keepdim=True)  # "for stability", on the caller's tensor
+    w = torch.softmax(x @ x.transpose(-2, -1), dim=-1)
+    return w @ x, w
+
+
+def batched_list(x):  # another correct formulation: a list instead of a tuple
+    return list(batched_right(x))
 
 
 def batched_context_wrong_order(x):
@@ -207,6 +311,19 @@ def without_self_inverted(x):
 def without_self_old_context(x):
     _, w = without_self_right(x)
     return torch.softmax(x @ x.transpose(-2, -1), dim=-1) @ x, w
+
+
+def without_self_T_written_in(x):
+    scores = (x @ x.transpose(-2, -1)).masked_fill(torch.eye(5, dtype=torch.bool), float("-inf"))  # T = 5
+    w = torch.softmax(scores, dim=-1)
+    return w @ x, w
+
+
+def without_self_in_place(x):
+    scores = x @ x.transpose(-2, -1)
+    scores.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))  # in place on its own scores: fine
+    w = torch.softmax(scores, dim=-1)
+    return w @ x, w
 
 
 def without_self_batch_axis(x):
@@ -275,6 +392,18 @@ def cosine_fixed_temperature(x, temperature):
     return cosine_right(x, 0.5)
 
 
+def cosine_loose_epsilon(x, temperature):  # a guard against division by zero large enough to show
+    unit = x / (x.norm(dim=-1, keepdim=True) + 1e-3)
+    w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
+    return w @ x, w
+
+
+def cosine_normalises_in_place(x, temperature):
+    x /= x.norm(dim=-1, keepdim=True)
+    w = torch.softmax(x @ x.transpose(-2, -1) / temperature, dim=-1)
+    return w @ x, w
+
+
 def cosine_squared_norm(x, temperature):
     unit = x / (x * x).sum(dim=-1, keepdim=True)
     w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
@@ -294,17 +423,37 @@ CASES = [
     (check_stable_softmax, softmax_no_keepdim_sum, "incorrect", "keepdim"),
     (check_stable_softmax, softmax_subtract_min, "incorrect", "minimum"),
     (check_stable_softmax, softmax_clamped, "incorrect", "clamp"),
-    (check_stable_softmax, softmax_library, "incorrect", "write it yourself"),
-    (check_stable_softmax, softmax_library_method, "incorrect", "write it yourself"),
-    (check_stable_softmax, softmax_functional, "incorrect", "write it yourself"),
+    (check_stable_softmax, softmax_library, "incorrect", "you called torch.softmax"),
+    (check_stable_softmax, softmax_library_method, "incorrect", "you called Tensor.softmax"),
+    (check_stable_softmax, softmax_functional, "incorrect", "you called torch.nn.functional.softmax"),
     (check_stable_softmax, softmax_global_sum, "incorrect", "values differ"),
+    (check_stable_softmax, softmax_log_softmax_exp, "incorrect", "you called torch.log_softmax"),
+    (check_stable_softmax, softmax_functional_log_softmax_exp, "incorrect", "you called torch.nn.functional.log_softmax"),
+    (check_stable_softmax, softmax_method_log_softmax_exp, "incorrect", "you called Tensor.log_softmax"),
+    (check_stable_softmax, softmax_private, "incorrect", "you called torch._softmax"),
+    (check_stable_softmax, softmax_module, "incorrect", "you called torch.nn.Softmax"),
+    (check_stable_softmax, softmax_special, "incorrect", "you called torch.special.softmax"),
+    (check_stable_softmax, softmax_aten, "incorrect", "you called torch.ops.aten._softmax"),
+    (check_stable_softmax, softmax_alias, "incorrect", "you called torch.nn.functional.softmax"),
+    (check_stable_softmax, softmax_package, "incorrect", "you called attn_course.online_softmax"),
+    (check_stable_softmax, softmax_hidden_in_try, "incorrect", "write the softmax yourself"),
+    (check_stable_softmax, softmax_in_place, "incorrect", "changed its input `s` in place"),
+    (check_stable_softmax, softmax_in_place_on_a_copy, "correct", "any shape"),
+    (check_stable_softmax, softmax_float64, "correct", "any shape"),
+    (check_stable_softmax, softmax_matrix_only, "incorrect", "axis 1"),
+    (check_stable_softmax, softmax_half, "incorrect", "values differ"),
     (check_batched_self_attention, batched_right, "correct", "every sequence"),
     (check_batched_self_attention, batched_einsum, "correct", "every sequence"),
     (check_batched_self_attention, batched_bmm_permute, "correct", "every sequence"),
-    (check_batched_self_attention, batched_dot_T, "error", "transpose(-2, -1)"),
+    (check_batched_self_attention, batched_dot_T, "error", "reverses all of them"),
     (check_batched_self_attention, batched_wrong_axis, "incorrect", "columns sum to one"),
     (check_batched_self_attention, batched_over_batch, "incorrect", "across the batch"),
-    (check_batched_self_attention, batched_weights_only, "incorrect", "pair"),
+    (check_batched_self_attention, batched_weights_only, "incorrect", "(context, weights)"),
+    (check_batched_self_attention, batched_package, "incorrect", "you called attn_course.simple_self_attention"),
+    (check_batched_self_attention, batched_sdpa, "incorrect", "you called torch.nn.functional.scaled_dot_product_attention"),
+    (check_batched_self_attention, batched_hard_coded_batch, "error", "called with x of shape (1, 3, 6)"),
+    (check_batched_self_attention, batched_centres_in_place, "incorrect", "changed its input `x` in place"),
+    (check_batched_self_attention, batched_list, "correct", "every sequence"),
     (check_batched_self_attention, batched_swapped, "incorrect", "in that order"),
     (check_batched_self_attention, batched_no_softmax, "incorrect", "values differ"),
     (check_batched_self_attention, batched_first_only, "incorrect", "values differ"),
@@ -318,7 +467,9 @@ CASES = [
     (check_attention_without_self, without_self_causal, "incorrect", "same token"),
     (check_attention_without_self, without_self_inverted, "incorrect", "inverted"),
     (check_attention_without_self, without_self_old_context, "incorrect", "plain self-attention's context"),
-    (check_attention_without_self, without_self_batch_axis, "error", "masked_fill"),
+    (check_attention_without_self, without_self_batch_axis, "error", "called with x of shape (3, 2, 4)"),
+    (check_attention_without_self, without_self_T_written_in, "error", "called with x of shape (3, 2, 4)"),
+    (check_attention_without_self, without_self_in_place, "correct", "no token attends to itself"),
     (check_cosine_self_attention, cosine_right, "correct", "directions"),
     (check_cosine_self_attention, cosine_normalize, "correct", "directions"),
     (check_cosine_self_attention, cosine_similarity_fn, "correct", "directions"),
@@ -330,6 +481,8 @@ CASES = [
     (check_cosine_self_attention, cosine_unit_context, "incorrect", "original vectors"),
     (check_cosine_self_attention, cosine_fixed_temperature, "incorrect", "temperature 0.1"),
     (check_cosine_self_attention, cosine_squared_norm, "incorrect", "values differ"),
+    (check_cosine_self_attention, cosine_loose_epsilon, "incorrect", "values differ"),
+    (check_cosine_self_attention, cosine_normalises_in_place, "incorrect", "changed its input `x` in place"),
 ]
 
 
@@ -355,8 +508,27 @@ def test_scaffold_is_not_attempted_and_crashes_are_reported_without_traceback(ch
 
 def test_the_softmax_check_puts_torch_back_as_it_was():
     softmax, method, functional = torch.softmax, torch.Tensor.softmax, F.softmax
+    profile, modes = sys.getprofile(), torch._C._len_torch_function_stack()
     check_stable_softmax(softmax_library)
     check_stable_softmax(crashes)
+    check_stable_softmax(softmax_log_softmax_exp)
     assert torch.softmax is softmax and F.softmax is functional and "softmax" not in vars(torch.Tensor)
     assert torch.Tensor.softmax is method
+    assert sys.getprofile() is profile and torch._C._len_torch_function_stack() == modes
     torch.testing.assert_close(torch.tensor([0.0, 0.0]).softmax(-1), torch.tensor([0.5, 0.5]))
+
+
+def test_the_notebooks_random_state_is_left_alone():
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    for check, answer in ((check_stable_softmax, softmax_right), (check_batched_self_attention, batched_right),
+                          (check_attention_without_self, without_self_right), (check_cosine_self_attention, cosine_right)):
+        assert check(answer)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_GRADED", "1")
+    feedback = check_stable_softmax(softmax_log_softmax_exp)
+    assert feedback.status == "incorrect" and "you called torch.log_softmax" in str(feedback)
+    assert "Hint" not in str(feedback)

@@ -1,77 +1,141 @@
-"""Exercise checks: friendly, specific feedback for the exercises at the end of each chapter.
+"""Exercise checks: friendly, specific feedback, and one mechanism that every check uses.
 
 Every check returns a :class:`Feedback` that prints as a short message: what was expected, what came
 back and a hint; never a bare traceback. A scaffold left as it was handed out (``...``, ``None`` or
-``raise NotImplementedError``) gets "not attempted yet", so that student versions of the chapters
-run top to bottom. ``bool(feedback)`` is True only for a correct answer, for autograders.
+``raise NotImplementedError``) gets "not attempted yet", so that student versions run top to bottom.
+``bool(feedback)`` is True only for a correct answer; ``feedback.assert_correct()`` raises
+``AssertionError(str(feedback))`` otherwise (nbgrader's test cells). Each chapter's checks live in
+their own module (``attn_course.exercises.ch02`` ...); its table of wrong answers is in
+``tests/test_exercises_chNN.py``.
 
-Each chapter's checks live in their own module (``attn_course.exercises.ch02`` and so on), written
-with the tools below::
+How to write a check
+--------------------
+A check is as good as the wrong answers it rejects. Follow this order:
 
-    @exercise("Softmax by hand", hint="exponentiate, then divide by the row sum")
-    def check_softmax(softmax):
-        x = torch.randn(3, 5)
-        got = call(softmax, x)
-        expect_close(got, torch.softmax(x, dim=-1), what="softmax(x) for x of shape (3, 5)")
-        return "your softmax matches torch.softmax"
+1. ``@exercise(title, hint=..., forbid=(...))``. The hint points the way in words (which axis, which
+   idea), never code: no assignment, no ``x.max(...).values`` chain, no ``torch.exp(...)`` call, no
+   slicing; ``tests/test_exercise_mechanism.py`` scans every hint. ``forbid`` lists what the exercise
+   says not to use, as family names or callables (below); it applies to every ``call`` of the check
+   and never to the check's own reference computation.
+2. Inputs from ``rng(seed)`` (``randn(..., generator=g)``), never the global generator. Try the
+   notebook's sizes, then sizes unlike them: ``other_sizes()`` (batch 1 and 3, ``L != S``, one query,
+   ``B == L == S``, odd widths, one head), ``padding_cases()`` (right and left padding),
+   ``large_scores()`` (about +-100 in float32, where a softmax without its max shift overflows).
+3. Run the student's code only through ``call(fn, *args, **kwargs)``: it applies ``forbid`` (the
+   first forbidden call becomes "you called torch.log_softmax: this exercise asks you to write the
+   softmax yourself"), reports an input changed in place ("your function changed its input `scores`
+   in place ..."; wrap an argument in ``mutable(x)`` when the exercise asks to change it), turns a
+   crash into an "error" feedback and a stub into "not attempted". Pass the inputs themselves (no
+   ``.clone()``: ``call`` watches them).
+4. Unpack and type-check: ``expect_sequence(result, length=2, what=..., names=("context",
+   "weights"))`` (a tuple or a list), ``expect_int`` / ``expect_number`` (numpy integers and floats,
+   one-element tensors too), ``expect_tensor(got, what=..., shape=..., dtype=..., device=...)``;
+   ``dtype`` is a ``torch.dtype`` or ``"float"``, ``"integer"``, ``"bool"``.
+5. Name the mistakes: compute each plausible wrong answer (wrong axis, scale, mask convention,
+   padding side ...) and ``raise Mismatch("<what>: <the mistake, in words>")`` when the answer equals
+   one of them, before the generic comparison.
+6. ``expect_close(got, expected, what=...)``: the same shape, the kind of dtype (floats for floats,
+   integers for ids, bools for masks; an exact dtype only with ``dtype=``), the device of ``expected``
+   (which the check computed from the inputs), and values within the tolerance of the less precise of
+   the two dtypes: float32 ``atol=1e-5, rtol=1e-4`` (a right answer computed in another order passes
+   even on scores of 1000, which float32 holds only to 6e-5; an answer off by 1e-3 of its size, or
+   computed in float16, does not), float64 ``1e-7``, float16 ``1e-3``, bfloat16 ``1e-2``. Pass
+   ``atol=``/``rtol=`` only with a reason in a comment.
+7. ``return`` the success message (it prints after "correct").
+
+Worked example::
+
+    @exercise("Exercise 1, a softmax that does not overflow",
+              hint="subtract each row's own maximum before exponentiating", forbid=("softmax",))
+    def check_stable_softmax(stable_softmax):
+        g = rng(1)
+        for x in (randn(3, 5, generator=g), randn(2, 3, 4, generator=g), large_scores(4, 6, generator=g)):
+            what = f"stable_softmax(x) for x of shape {tuple(x.shape)}"
+            got = expect_tensor(call(stable_softmax, x), what=what, shape=x.shape, dtype="float")
+            if torch.allclose(got.double(), torch.softmax(x.double(), dim=0)):
+                raise Mismatch(f"{what}: you normalised over the first axis; normalise over the last")
+            expect_close(got, torch.softmax(x, dim=-1), what=what)
+        return "your softmax matches torch.softmax over the last axis"
+
+Families for ``forbid`` (strings; any callable works too, and nn.Module classes or instances forbid
+their ``forward``):
+
+- ``"softmax"``: softmax, log_softmax (so ``log_softmax(...).exp()``), softmin, gumbel_softmax by every
+  torch route (``torch.*``, ``F.*``, ``torch.special.*``, Tensor methods, ``torch._softmax``,
+  ``torch.ops.aten.*``, ``torch.masked``, ``torch.sparse``, ``torch._refs``), ``nn.Softmax``,
+  ``nn.LogSoftmax``, ``nn.Softmin``, scipy's, ``attn_course.online_softmax``.
+- ``"tril"``: tril, triu (and ``tril_``, ``triu_``), tril_indices, triu_indices by every torch route;
+  numpy's tril, triu, tri, ..._indices; ``nn.Transformer.generate_square_subsequent_mask``;
+  ``attn_course.causal_mask`` and ``sliding_window_mask``.
+- ``"sdpa"`` (alias ``"attention"``): ``F.scaled_dot_product_attention`` and its aten kernels,
+  ``F.multi_head_attention_forward``, ``nn.MultiheadAttention``, flex_attention, and every
+  attn_course function or class whose name contains "attention".
+- ``"enable_gqa"``: ``F.scaled_dot_product_attention(..., enable_gqa=True)`` and
+  ``attn_course.GroupedQueryAttention``.
+- ``"attn_course"`` (alias ``"package"``): every function and class of the package (not its
+  exercises, plotting, widgets, diagrams or utils).
+
+``forbidden(*routes)`` is the same as a context manager, for the rare check that runs student code
+other than through ``call``. Graded mode: ``ATTN_COURSE_GRADED=1`` or ``set_graded(True)`` leaves every
+hint out. Graders load a check afresh with ``fresh_check("ch02", "check_stable_softmax")``.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import numbers
+import pkgutil
+import random
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
+
+from . import _guards, _inputs
+from ._cases import Sizes, large_scores, other_sizes, padding_cases, padding_mask_for, randn, rng
+from ._core import ACTIVE_CHECK, ExerciseInfo, Feedback, Mismatch, NotAttempted, _StudentCodeFailed, is_graded, set_graded
+from ._guards import FAMILIES, forbidden
+from ._inputs import mutable
 
 __all__ = [
     "Feedback",
     "NotAttempted",
     "Mismatch",
     "exercise",
+    "ExerciseInfo",
     "call",
     "attempted",
+    "mutable",
+    "forbidden",
+    "FAMILIES",
     "expect",
     "expect_close",
     "expect_tensor",
+    "expect_same_device",
+    "expect_int",
+    "expect_number",
+    "expect_sequence",
+    "tolerance",
+    "rng",
+    "randn",
+    "Sizes",
+    "other_sizes",
+    "padding_mask_for",
+    "padding_cases",
+    "large_scores",
+    "set_graded",
+    "is_graded",
+    "fresh_check",
+    "iter_checks",
 ]
 
-_ICONS = {"correct": "✅", "incorrect": "❌", "not attempted": "📝", "error": "⚠️"}
+NOT_ATTEMPTED_MESSAGE = "Not attempted yet: replace the `...` placeholder with your answer and run the cell again."
 
 
-@dataclass(frozen=True)
-class Feedback:
-    """The outcome of one check: ``status`` is "correct", "incorrect", "not attempted" or "error"."""
-
-    title: str
-    status: str
-    message: str
-    hint: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.status == "correct"
-
-    def __str__(self) -> str:
-        lines = [f"{_ICONS[self.status]} {self.title}: {self.status}.", self.message]
-        if self.hint and self.status in ("incorrect", "error"):
-            lines.append(f"Hint: {self.hint}")
-        return "\n".join(line for line in lines if line)
-
-    __repr__ = __str__
-
-
-class NotAttempted(Exception):
-    """The answer is still the scaffold that was handed out."""
-
-
-class Mismatch(Exception):
-    """The answer was attempted but is wrong; the message says how."""
-
-
-class _StudentCodeFailed(Exception):
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+# --------------------------------------------------------------------------------------------------
+# Calling the student's code
 
 
 def attempted(answer: Any) -> Any:
@@ -82,18 +146,60 @@ def attempted(answer: Any) -> Any:
 
 
 def call(fn: Callable, *args, **kwargs) -> Any:
-    """Call the student's function; a placeholder body or result counts as not attempted."""
+    """Call the student's ``fn(*args, **kwargs)`` and return its result, watched.
+
+    - The routes that the running check forbids (``@exercise(forbid=...)``), and those of any
+      :func:`forbidden` block around this call, are watched while ``fn`` runs; the first one it used
+      raises :class:`Mismatch` ("you called torch.log_softmax: ...").
+    - A stub (``...``/None result, ``NotImplementedError``) raises :class:`NotAttempted`; any other
+      exception of the student's becomes an "error" feedback without a traceback.
+    - Every input is copied first and compared afterwards (tensors, also inside lists, tuples and
+      dicts, an ``nn.Module``'s parameters and buffers): a change raises :class:`Mismatch` naming the
+      argument. Wrap an argument in :func:`mutable` when the exercise asks to change it in place.
+    """
     if not callable(fn):
         if fn is ... or fn is None:
             raise NotAttempted
         raise Mismatch(f"expected a function, got {type(fn).__name__} {fn!r}")
+    args, kwargs, marked = _inputs.unwrap(args, kwargs)
+    saved = _inputs.snapshot(fn, args, kwargs, marked)
+    context = ACTIVE_CHECK.get()
+    routes = context.forbid if context is not None else ()
+    outer = _guards.active_guards()
+    marks = [(guard, len(guard.violations)) for guard in outer]
+    failure: BaseException | None = None
+    result = None
+    guard = forbidden(*routes) if routes else None
+    if guard is not None:
+        guard.__enter__()
     try:
         result = fn(*args, **kwargs)
-    except NotImplementedError:
-        raise NotAttempted from None
-    except Exception as error:  # the student's code failed: report it without a traceback
-        raise _StudentCodeFailed(error) from None
+    except Exception as error:  # the student's code failed: reported below, without a traceback
+        failure = error
+    finally:
+        if guard is not None:
+            guard._exit_quietly()
+    violation = None
+    for watcher, before in [(guard, 0)] * (guard is not None) + marks:
+        if len(watcher.violations) > before and violation is None:
+            violation = watcher.violations[before]
+        watcher.reported = len(watcher.violations)
+    if violation is not None:
+        raise Mismatch(violation.message)
+    if isinstance(failure, NotImplementedError):
+        raise NotAttempted
+    if failure is not None:
+        raise _StudentCodeFailed(failure, _inputs.describe_arguments(fn, args, kwargs))
+    change = _inputs.first_change(saved)
+    if change is not None:
+        path, what = change
+        raise Mismatch(f"your function changed its input `{path}` in place ({what}): work on a copy, so that "
+                       "the caller's data stays as it was")
     return attempted(result)
+
+
+# --------------------------------------------------------------------------------------------------
+# Expectations
 
 
 def expect(condition: bool, message: str) -> None:
@@ -102,20 +208,128 @@ def expect(condition: bool, message: str) -> None:
         raise Mismatch(message)
 
 
-def expect_tensor(got: Any, *, what: str, shape=None, dtype=None) -> torch.Tensor:
-    """Check that ``got`` is a tensor (with the given shape and dtype) and return it."""
+_KINDS = {
+    "float": ("floating-point numbers", lambda t: t.is_floating_point()),
+    "integer": ("integers (such as token ids, dtype torch.long)",
+                lambda t: not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool),
+    "bool": ("a bool tensor (True/False)", lambda t: t.dtype == torch.bool),
+}
+
+
+def _kind_of(dtype: torch.dtype) -> str | None:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_floating_point:
+        return "float"
+    if dtype.is_complex:
+        return None
+    return "integer"
+
+
+def _check_dtype(got: torch.Tensor, dtype: Any, what: str) -> None:
+    if dtype is None:
+        return
+    if isinstance(dtype, str):
+        if dtype not in _KINDS:
+            raise ValueError(f"dtype must be a torch.dtype or one of {sorted(_KINDS)}, got {dtype!r}")
+        words, test = _KINDS[dtype]
+        if not test(got):
+            raise Mismatch(f"{what}: expected {words}, got dtype {got.dtype}")
+        return
+    allowed = tuple(dtype) if isinstance(dtype, (tuple, list, set)) else (dtype,)
+    if got.dtype not in allowed:
+        wanted = " or ".join(str(d) for d in allowed)
+        raise Mismatch(f"{what}: expected dtype {wanted}, got {got.dtype}")
+
+
+def _as_device(device: Any) -> torch.device:
+    return device.device if isinstance(device, torch.Tensor) else torch.device(device)
+
+
+def expect_same_device(got: torch.Tensor, like: Any, *, what: str) -> None:
+    """Raise :class:`Mismatch` unless ``got`` is on the device of ``like`` (a tensor or a device)."""
+    want = _as_device(like)
+    have = got.device
+    same = have == want or (have.type == want.type and (want.index is None or have.index is None))
+    if not same:
+        raise Mismatch(f"{what}: your result is on {have}, but the inputs are on {want}: create new tensors on "
+                       "the inputs' device (their .device), not on a fixed one")
+
+
+def expect_tensor(got: Any, *, what: str, shape=None, dtype=None, device=None, convert: bool = False) -> torch.Tensor:
+    """Check that ``got`` is a tensor with the given shape, dtype and device, and return it.
+
+    Args:
+        got: the student's result.
+        what: what it is, for the message ("weights for x of shape (2, 4, 3)").
+        shape: the expected shape, or None.
+        dtype: a ``torch.dtype`` (or several) for an exact dtype; ``"float"``, ``"integer"`` or
+            ``"bool"`` for a kind; None for any.
+        device: a device or a tensor whose device the result must share; None for any.
+        convert: accept a list, tuple or numpy array of numbers too (returned as a tensor).
+    """
+    if convert and not isinstance(got, torch.Tensor):
+        numpy = sys.modules.get("numpy")
+        if isinstance(got, (list, tuple)) or (numpy is not None and isinstance(got, numpy.ndarray)):
+            try:
+                got = torch.as_tensor(got if not isinstance(got, (list, tuple)) else [_plain(v) for v in got])
+            except (TypeError, ValueError, RuntimeError):
+                raise Mismatch(f"{what}: expected numbers, got {got!r}") from None
     if not isinstance(got, torch.Tensor):
         raise Mismatch(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
     if shape is not None and tuple(got.shape) != tuple(shape):
         raise Mismatch(f"{what}: expected shape {tuple(shape)}, got {tuple(got.shape)}")
-    if dtype is not None and got.dtype != dtype:
-        raise Mismatch(f"{what}: expected dtype {dtype}, got {got.dtype}")
+    _check_dtype(got, dtype, what)
+    if device is not None:
+        expect_same_device(got, device, what=what)
     return got
 
 
-def expect_close(got: Any, expected: torch.Tensor, *, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:
-    """Check that ``got`` is a tensor of ``expected``'s shape with close values; say where it is not."""
+_TOLERANCES = {  # dtype: (atol, rtol); see the module's guide
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1e-2),
+    torch.float32: (1e-5, 1e-4),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def tolerance(*dtypes: torch.dtype) -> tuple[float, float]:
+    """``(atol, rtol)`` for comparing values of these dtypes: that of the least precise floating one
+    (complex counts as its real dtype); exact (0, 0) when none is floating."""
+    worst = None
+    for dtype in dtypes:
+        if dtype.is_complex:
+            dtype = torch.float32 if dtype == torch.complex64 else torch.float64
+        if dtype.is_floating_point and dtype in _TOLERANCES:
+            if worst is None or torch.finfo(dtype).eps > torch.finfo(worst).eps:
+                worst = dtype
+    return _TOLERANCES[worst] if worst is not None else (0.0, 0.0)
+
+
+def expect_close(got: Any, expected: torch.Tensor, *, what: str, atol: float | None = None,
+                 rtol: float | None = None, dtype=None, device: Any = True) -> None:
+    """Check that ``got`` is a tensor like ``expected`` with close values; say where it is not.
+
+    Shape must match exactly; the dtype must be of the same kind as ``expected``'s (floating point,
+    integer or bool; ``dtype=`` asks for an exact one, see :func:`expect_tensor`); the device must be
+    ``expected``'s (``device=True``, the default: the check computes ``expected`` from the inputs, so
+    that is the inputs' device), another device, or ``None`` for any. ``atol``/``rtol`` default to
+    :func:`tolerance` of the two dtypes.
+    """
     got = expect_tensor(got, what=what, shape=expected.shape)
+    if dtype is None:
+        kind = _kind_of(expected.dtype)
+        if kind is not None and _kind_of(got.dtype) != kind and not (kind == "float" and got.is_complex()):
+            _check_dtype(got, kind, what)
+    else:
+        _check_dtype(got, dtype, what)
+    if device is True:
+        expect_same_device(got, expected, what=what)
+    elif device is not None and device is not False:
+        expect_same_device(got, device, what=what)
+    default_atol, default_rtol = tolerance(got.dtype, expected.dtype)
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
     got = got.detach().to(device="cpu", dtype=torch.float64)
     want = expected.detach().to(device="cpu", dtype=torch.float64)
     if torch.isnan(got).any() and not torch.isnan(want).any():
@@ -129,23 +343,180 @@ def expect_close(got: Any, expected: torch.Tensor, *, what: str, atol: float = 1
         )
 
 
-def exercise(title: str, hint: str | None = None):
-    """Decorate a check: its ``return`` is the success message; the helpers above raise the rest."""
+def _plain(value: Any) -> Any:
+    """A numpy scalar or a one-element tensor as a Python number; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return value.item()
+    item = getattr(value, "item", None)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic) and callable(item):
+        return item()
+    return value
+
+
+def expect_int(got: Any, *, what: str) -> int:
+    """Return ``got`` as a Python int: an int, a numpy integer or a one-element integer tensor.
+
+    A bool, a float (even 3.0: the exercise asked for an integer) or anything else is a Mismatch.
+    """
+    value = _plain(got)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        shown = f"{type(got).__name__} {got!r}" if not isinstance(got, torch.Tensor) else f"a tensor of dtype {got.dtype}"
+        raise Mismatch(f"{what}: return an integer, got {shown}")
+    return int(value)
+
+
+def expect_number(got: Any, *, what: str) -> float | int:
+    """Return ``got`` as a Python int or float: ints, floats, numpy numbers, one-element tensors.
+
+    A bool, a complex number, a string or a sequence is a Mismatch.
+    """
+    value = _plain(got)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise Mismatch(f"{what}: return a number, got {type(got).__name__} {got!r}")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def expect_sequence(got: Any, *, what: str, length: int | None = None, names=None) -> tuple:
+    """Return ``got`` as a tuple: a tuple or a list (not a tensor, string or dict) of ``length`` items.
+
+    ``names`` (for the message) say what the items are: ``("context", "weights")``.
+    """
+    if names is not None and length is None:
+        length = len(names)
+    expected = f"({', '.join(names)})" if names else (f"{length} items" if length is not None else "a tuple")
+    if not isinstance(got, (tuple, list)):
+        raise Mismatch(f"{what}: return {expected} as a tuple; got {type(got).__name__}")
+    if length is not None and len(got) != length:
+        raise Mismatch(f"{what}: return {expected}; got {len(got)} item(s)")
+    return tuple(got)
+
+
+# --------------------------------------------------------------------------------------------------
+# The decorator
+
+
+@dataclass(frozen=True)
+class _CheckContext:
+    forbid: tuple
+
+
+def _save_rng() -> dict:
+    state = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    mps = getattr(torch, "mps", None)
+    if mps is not None and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        try:
+            state["mps"] = mps.get_rng_state()
+        except Exception:  # pragma: no cover - MPS without a generator yet
+            pass
+    return state
+
+
+def _restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["random"])
+    if "numpy" in state:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "mps" in state:  # pragma: no cover - Apple only
+        torch.mps.set_rng_state(state["mps"])
+
+
+def exercise(title: str, hint: str | None = None, *, forbid=()):
+    """Decorate a check: its ``return`` is the success message; the helpers raise the rest.
+
+    Args:
+        title: shown first ("Exercise 1, a softmax that does not overflow").
+        hint: one sentence that points the way, in words (left out in graded mode).
+        forbid: family names (``"softmax"``, ``"tril"``, ``"sdpa"``, ``"enable_gqa"``, ``"attn_course"``)
+            and callables the exercise says not to use; watched during every :func:`call` of the check.
+
+    The decorated check returns a :class:`Feedback` and leaves the global random states (torch, CUDA,
+    Python, numpy) as it found them. ``check.__exercise__`` holds an :class:`ExerciseInfo`.
+    """
+    routes = _guards.check_routes(forbid)
 
     def decorate(check: Callable[..., str]) -> Callable[..., Feedback]:
         @functools.wraps(check)
         def run(*args, **kwargs) -> Feedback:
+            shown_hint = None if is_graded() else hint
+            state = _save_rng()
+            token = ACTIVE_CHECK.set(_CheckContext(routes))
             try:
                 message = check(*args, **kwargs)
             except NotAttempted:
-                return Feedback(title, "not attempted", "Not attempted yet: replace the `...` placeholder with your answer and run the cell again.")
+                return Feedback(title, "not attempted", NOT_ATTEMPTED_MESSAGE)
             except Mismatch as wrong:
-                return Feedback(title, "incorrect", str(wrong), hint)
+                return Feedback(title, "incorrect", str(wrong), shown_hint)
             except _StudentCodeFailed as failed:
                 error = failed.error
-                return Feedback(title, "error", f"Your code raised {type(error).__name__}: {error}", hint)
+                where = f" (called with {failed.called_with})" if getattr(failed, "called_with", "") else ""
+                return Feedback(title, "error", f"Your code raised {type(error).__name__}: {error}{where}", shown_hint)
+            finally:
+                ACTIVE_CHECK.reset(token)
+                _restore_rng(state)
             return Feedback(title, "correct", message or "Well done.")
 
+        run.__exercise__ = ExerciseInfo(title=title, hint=hint, forbid=routes)
         return run
 
     return decorate
+
+
+# --------------------------------------------------------------------------------------------------
+# Graders
+
+
+def _chapter_module_name(chapter: Any) -> str:
+    text = str(chapter).strip()
+    if text.startswith(__name__ + "."):
+        text = text[len(__name__) + 1:]
+    if text.startswith("ch"):
+        text = text[2:]
+    if not text.isdigit():
+        raise ValueError(f"chapter must be like 'ch02', '02' or 2, got {chapter!r}")
+    return f"{__name__}.ch{int(text):02d}"
+
+
+def fresh_check(chapter: Any, name: str) -> Callable[..., Feedback]:
+    """The real check ``name`` of ``chapter``, loaded afresh from disk, for graders.
+
+    Reloads the mechanism (its private modules, then this package) and the chapter's module with
+    ``importlib.reload``, so a notebook that redefined ``check_stable_softmax``, or assigned
+    ``attn_course.exercises.ch02.check_stable_softmax`` or ``attn_course.exercises.call``, gets the real
+    verdict. The exception classes and ``Feedback`` live in a module that is not reloaded, so checks
+    imported earlier keep working, and graded mode stays as it was.
+
+    Args:
+        chapter: ``"ch02"``, ``"02"`` or ``2``.
+        name: the check's name, ``"check_stable_softmax"``.
+    """
+    module_name = _chapter_module_name(chapter)
+    if not isinstance(name, str) or not name.startswith("check_"):
+        raise ValueError(f"name must be a check's name such as 'check_stable_softmax', got {name!r}")
+    for private in ("_guards", "_inputs", "_cases"):
+        importlib.reload(importlib.import_module(f"{__name__}.{private}"))
+    importlib.reload(sys.modules[__name__])
+    module = importlib.reload(importlib.import_module(module_name))
+    check = vars(module).get(name)
+    if check is None or not isinstance(getattr(check, "__exercise__", None), ExerciseInfo):
+        raise ValueError(f"{module_name} has no check named {name!r}")
+    return check
+
+
+def iter_checks() -> Iterator[tuple[str, str, Callable[..., Feedback]]]:
+    """Yield ``(module, name, check)`` for every check of every chapter module (``ch01`` ...)."""
+    package = sys.modules[__name__]
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("ch") and info.name[2:].isdigit():
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            for attribute, value in vars(module).items():
+                if attribute.startswith("check_") and isinstance(getattr(value, "__exercise__", None), ExerciseInfo) \
+                        and getattr(value, "__module__", None) == module.__name__:
+                    yield info.name, attribute, value

@@ -2,17 +2,19 @@
 
 Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and
 names the mistake when it recognises one; the table of those mistakes is in
-tests/test_exercises_ch02.py.
+tests/test_exercises_ch02.py. They use the shared mechanism of ``attn_course.exercises``: library
+softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``), the package's and torch's
+attention in exercise 2, inputs watched for changes in place, sizes unlike the notebook's
+(``other_sizes``) and scores near +-100 in float32 (``large_scores``).
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ..simple import simple_self_attention
-from . import Mismatch, _StudentCodeFailed, call, exercise, expect, expect_close, expect_tensor
+from . import (Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, large_scores,
+               other_sizes, randn, rng)
 
 __all__ = [
     "check_stable_softmax",
@@ -20,34 +22,6 @@ __all__ = [
     "check_attention_without_self",
     "check_cosine_self_attention",
 ]
-
-
-class _SoftmaxCalled(Exception):
-    """Raised inside the student's code when it calls a library softmax the exercise asks not to use."""
-
-
-@contextlib.contextmanager
-def _library_softmax_forbidden():
-    """Make torch's softmax functions raise while the student's function runs, then restore them."""
-    def refuse(*args, **kwargs):
-        raise _SoftmaxCalled
-
-    modules = [(torch, "softmax"), (torch.nn.functional, "softmax"), (torch.special, "softmax")]
-    saved = [getattr(module, name) for module, name in modules]
-    had_own_method = "softmax" in vars(torch.Tensor)  # otherwise Tensor inherits it from torch._C.TensorBase
-    own_method = vars(torch.Tensor).get("softmax")
-    for module, name in modules:
-        setattr(module, name, refuse)
-    torch.Tensor.softmax = refuse
-    try:
-        yield
-    finally:
-        for (module, name), function in zip(modules, saved):
-            setattr(module, name, function)
-        if had_own_method:
-            torch.Tensor.softmax = own_method
-        else:
-            del torch.Tensor.softmax
 
 
 def _rows_sum_to_one(weights: torch.Tensor) -> bool:
@@ -61,27 +35,18 @@ def _columns_sum_to_one(weights: torch.Tensor) -> bool:
 
 
 def _pair(result, what: str):
-    expect(isinstance(result, tuple) and len(result) == 2,
-           f"{what}: return a pair (context, weights); got {type(result).__name__}")
-    return result
+    return expect_sequence(result, what=what, names=("context", "weights"))
 
 
 @exercise(
     "Exercise 1, a softmax that does not overflow",
-    hint="m = scores.max(dim=-1, keepdim=True).values is each row's maximum, shape (..., 1); "
-         "e = torch.exp(scores - m); return e / e.sum(dim=-1, keepdim=True)",
+    hint="subtract each row's own maximum before exponentiating (a maximum over the last axis that keeps "
+         "that axis, so that it lines up with its row), then divide by each row's sum, kept the same way",
+    forbid=("softmax",),
 )
 def check_stable_softmax(stable_softmax) -> str:
     def run(scores: torch.Tensor, what: str) -> torch.Tensor:
-        try:
-            with _library_softmax_forbidden():
-                got = call(stable_softmax, scores.clone())
-        except _StudentCodeFailed as failed:
-            if isinstance(failed.error, _SoftmaxCalled):
-                raise Mismatch("you called torch.softmax (or F.softmax, or Tensor.softmax): the exercise is to write "
-                               "it yourself, with torch.exp and .sum") from None
-            raise
-        got = expect_tensor(got, what=what, shape=scores.shape)
+        got = expect_tensor(call(stable_softmax, scores), what=what, shape=scores.shape, dtype="float")
         want = torch.softmax(scores, dim=-1)
         flat = got.detach().double()
         if bool(torch.isfinite(flat).all()) and bool(torch.allclose(flat, flat[..., :1].expand_as(flat), atol=1e-6)) \
@@ -91,10 +56,10 @@ def check_stable_softmax(stable_softmax) -> str:
                            "and a softmax depends only on those: subtract each row's maximum instead")
         return got
 
-    generator = torch.Generator().manual_seed(1)
+    generator = rng(1)
     # 1. A square matrix: the axis, and keepdim (without it, the row maxima or sums broadcast along the
     #    wrong axis, which only a square matrix lets run).
-    square = torch.randn(4, 4, generator=generator) * 3
+    square = randn(4, 4, generator=generator, scale=3.0)
     what = "stable_softmax(x) for x of shape (4, 4)"
     got = run(square, what).detach().double()
     if _columns_sum_to_one(got) and not _rows_sum_to_one(got):
@@ -112,11 +77,11 @@ def check_stable_softmax(stable_softmax) -> str:
                            ".sum(dim=-1, keepdim=True)")
     expect_close(got, torch.softmax(square, dim=-1), what=what)
     # 2. A matrix that is not square.
-    small = torch.randn(3, 5, generator=generator)
+    small = randn(3, 5, generator=generator)
     expect_close(run(small, "stable_softmax(x) for x of shape (3, 5)"), torch.softmax(small, dim=-1),
                  what="stable_softmax(x) for x of shape (3, 5)")
     # 3. Any number of leading axes, and a 1-D vector.
-    cube = torch.randn(2, 3, 4, generator=generator)
+    cube = randn(2, 3, 4, generator=generator)
     what = "stable_softmax(x) for x of shape (2, 3, 4)"
     got = run(cube, what)
     if torch.allclose(got.detach().double(), torch.softmax(cube, dim=1).double(), atol=1e-6):
@@ -149,21 +114,35 @@ def check_stable_softmax(stable_softmax) -> str:
                        "maximum) leaves exp(200), which overflows float32 (above exp(88.7)); subtract the maximum, "
                        "so that every exponent is at most 0")
     expect_close(got, torch.softmax(wide, dim=-1), what=what)
+    # 6. Scores of attention at other sizes (B, L, S), and rows near +100 and -100 in float32.
+    for size in other_sizes():
+        scores = randn(*size.shape("B", "L", "S"), generator=generator, scale=3.0)
+        what = f"stable_softmax(scores) for scores of shape (B, L, S) = {tuple(scores.shape)}"
+        expect_close(run(scores, what), torch.softmax(scores, dim=-1), what=what)
+    for shape in ((4, 6), (2, 3, 5)):
+        scores = large_scores(*shape, generator=generator)
+        what = f"stable_softmax(scores) for scores of shape {shape} near +100 and -100 (float32)"
+        got = run(scores, what)
+        expect(bool(torch.isfinite(got).all()),
+               f"{what}: your result contains inf or NaN: exp of a score near 100 overflows float32; "
+               "subtract each row's maximum before torch.exp")
+        expect_close(got, torch.softmax(scores, dim=-1), what=what)
     return "your softmax matches torch.softmax over the last axis of any shape, also on scores of ±1000."
 
 
 @exercise(
     "Exercise 2, simple self-attention for a batch",
-    hint="x.transpose(-2, -1) swaps only the last two axes ((B, T, E) -> (B, E, T)), whereas x.T reverses all "
-         "three; scores = x @ x.transpose(-2, -1); softmax over dim=-1 (the keys); context = weights @ x",
+    hint="on three axes .T reverses all of them: swap only the last two (the tokens and the features); the "
+         "softmax runs over the keys, the last axis; the context is the weights times x",
+    forbid=("sdpa",),
 )
 def check_batched_self_attention(batched_self_attention) -> str:
-    generator = torch.Generator().manual_seed(2)
+    generator = rng(2)
     B, T, E = 2, 4, 3
-    x = torch.randn(B, T, E, generator=generator)
+    x = randn(B, T, E, generator=generator)
     x[1] *= 2.0  # the two sequences differ in scale, so that weights that mix the batch show
     what = "weights for x of shape (B=2, T=4, E=3)"
-    context, weights = _pair(call(batched_self_attention, x.clone()), "batched_self_attention(x)")
+    context, weights = _pair(call(batched_self_attention, x), "batched_self_attention(x)")
     expected_context, expected_weights = simple_self_attention(x)
     if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, T, E) and \
             isinstance(context, torch.Tensor) and tuple(context.shape) == (B, T, T):
@@ -179,12 +158,15 @@ def check_batched_self_attention(batched_self_attention) -> str:
     expect_close(weights, expected_weights, what=what)
     context = expect_tensor(context, what="context for x of shape (B=2, T=4, E=3)", shape=(B, T, E))
     expect_close(context, expected_context, what="context for x of shape (B=2, T=4, E=3)")
-    # A batch of one and a longer sequence: nothing may depend on B = 2 or T = 4.
-    other = torch.randn(1, 6, 5, generator=generator)
-    got = _pair(call(batched_self_attention, other.clone()), "batched_self_attention(x) for x of shape (1, 6, 5)")
-    expected_context, expected_weights = simple_self_attention(other)
-    expect_close(got[1], expected_weights, what="weights for x of shape (B=1, T=6, E=5)")
-    expect_close(got[0], expected_context, what="context for x of shape (B=1, T=6, E=5)")
+    # Other batches, lengths and widths (batch 1 and 3, B == T, odd widths): nothing may depend on B = 2,
+    # T = 4 or E = 3.
+    for size in other_sizes(same_length=True):
+        other = randn(size.B, size.T, size.E, generator=generator)
+        shape = f"(B={size.B}, T={size.T}, E={size.E})"
+        got = _pair(call(batched_self_attention, other), f"batched_self_attention(x) for x of shape {shape}")
+        expected_context, expected_weights = simple_self_attention(other)
+        expect_close(got[1], expected_weights, what=f"weights for x of shape {shape}")
+        expect_close(got[0], expected_context, what=f"context for x of shape {shape}")
     return "both the weights (B, T, T) and the context vectors (B, T, E) are right for every sequence in the batch."
 
 
@@ -197,15 +179,16 @@ def _without_self(x: torch.Tensor):
 
 @exercise(
     "Exercise 3, attention that skips itself",
-    hint="diagonal = torch.eye(T, dtype=torch.bool); scores.masked_fill(diagonal, float('-inf')) before the "
-         "softmax over dim=-1; then context = weights @ x",
+    hint="hide the diagonal, where query and key are the same token (a boolean identity matrix of size T), by "
+         "giving those scores minus infinity before the softmax over the keys; then take the context with the "
+         "new weights",
 )
 def check_attention_without_self(attention_without_self) -> str:
-    generator = torch.Generator().manual_seed(4)
-    x = torch.randn(5, 3, generator=generator)
+    generator = rng(4)
+    x = randn(5, 3, generator=generator)
     x[2] *= 3.0  # a long vector: plain self-attention puts most of its weight on itself
     what = "weights for x of shape (T=5, E=3)"
-    context, weights = _pair(call(attention_without_self, x.clone()), "attention_without_self(x)")
+    context, weights = _pair(call(attention_without_self, x), "attention_without_self(x)")
     weights = expect_tensor(weights, what=what, shape=(5, 5))
     w = weights.detach().double()
     _, plain = simple_self_attention(x)
@@ -242,12 +225,22 @@ def check_attention_without_self(attention_without_self) -> str:
                        "compute them with your new weights")
     expect_close(context, expected_context, what="context for x of shape (T=5, E=3)")
     # A batch, and T = 2 (each token can then attend only to the other one).
-    batch = torch.randn(3, 2, 4, generator=generator)
-    got = _pair(call(attention_without_self, batch.clone()), "attention_without_self(x) for x of shape (3, 2, 4)")
+    batch = randn(3, 2, 4, generator=generator)
+    got = _pair(call(attention_without_self, batch), "attention_without_self(x) for x of shape (3, 2, 4)")
     expected_context, expected_weights = _without_self(batch)
     expect_close(got[1], expected_weights, what="weights for a batch x of shape (B=3, T=2, E=4)")
     expect_close(got[0], expected_context, what="context for a batch x of shape (B=3, T=2, E=4) (each token "
                                                 "must copy the other one)")
+    # Other batches, lengths and widths (T >= 2: a single token has nothing else to attend to).
+    for size in other_sizes(same_length=True):
+        if size.T < 2:
+            continue
+        other = randn(size.B, size.T, size.E, generator=generator)
+        shape = f"(B={size.B}, T={size.T}, E={size.E})"
+        got = _pair(call(attention_without_self, other), f"attention_without_self(x) for x of shape {shape}")
+        expected_context, expected_weights = _without_self(other)
+        expect_close(got[1], expected_weights, what=f"weights for x of shape {shape}")
+        expect_close(got[0], expected_context, what=f"context for x of shape {shape}")
     return "no token attends to itself, the rows still sum to one, and it works on a batch."
 
 
@@ -259,16 +252,17 @@ def _cosine(x: torch.Tensor, temperature: float):
 
 @exercise(
     "Exercise 4, attention by direction only (cosine similarity)",
-    hint="unit = x / x.norm(dim=-1, keepdim=True) (each token's vector, not each feature, gets length 1); "
-         "weights = softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1); context = weights @ x",
+    hint="give each token's vector (the last axis, not each feature) length 1; the scores are the dot products "
+         "of those unit vectors divided by the temperature, with the softmax over the keys; the context averages "
+         "the original vectors",
 )
 def check_cosine_self_attention(cosine_self_attention) -> str:
-    generator = torch.Generator().manual_seed(5)
+    generator = rng(5)
     x = torch.rand(4, 3, generator=generator) + 0.1
     x[1] *= 4.0  # lengths differ a lot, so that forgetting to normalise shows
     temperature = 0.5
     what = f"weights for x of shape (T=4, E=3) at temperature {temperature}"
-    context, weights = _pair(call(cosine_self_attention, x.clone(), temperature),
+    context, weights = _pair(call(cosine_self_attention, x, temperature),
                              f"cosine_self_attention(x, {temperature})")
     weights = expect_tensor(weights, what=what, shape=(4, 4))
     w = weights.detach().double()
@@ -300,8 +294,16 @@ def check_cosine_self_attention(cosine_self_attention) -> str:
     expect_close(context, expected_context, what="context for x of shape (T=4, E=3)")
     # Another temperature and a batch: nothing may be hard-coded.
     batch = torch.rand(2, 5, 3, generator=generator) + 0.1
-    got = _pair(call(cosine_self_attention, batch.clone(), 0.1), "cosine_self_attention(x, 0.1) for x of shape (2, 5, 3)")
+    got = _pair(call(cosine_self_attention, batch, 0.1), "cosine_self_attention(x, 0.1) for x of shape (2, 5, 3)")
     expected_context, expected_weights = _cosine(batch, 0.1)
     expect_close(got[1], expected_weights, what="weights for a batch x of shape (B=2, T=5, E=3) at temperature 0.1")
     expect_close(got[0], expected_context, what="context for a batch x of shape (B=2, T=5, E=3) at temperature 0.1")
+    # Other batches, lengths and widths, at a temperature above 1.
+    for size in other_sizes(same_length=True):
+        other = randn(size.B, size.T, size.E, generator=generator)
+        shape = f"(B={size.B}, T={size.T}, E={size.E})"
+        got = _pair(call(cosine_self_attention, other, 2.0), f"cosine_self_attention(x, 2.0) for x of shape {shape}")
+        expected_context, expected_weights = _cosine(other, 2.0)
+        expect_close(got[1], expected_weights, what=f"weights for x of shape {shape} at temperature 2.0")
+        expect_close(got[0], expected_context, what=f"context for x of shape {shape} at temperature 2.0")
     return "your weights depend only on the directions of the vectors, for any temperature and any batch."

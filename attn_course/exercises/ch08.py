@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..masks import causal_mask
-from . import Mismatch, attempted, call, exercise, expect, expect_close, expect_tensor
+from . import Mismatch, attempted, call, exercise, expect, expect_close, expect_tensor, mutable
 
 __all__ = [
     "check_online_softmax_update",
@@ -277,7 +277,7 @@ def check_cache_attention_step(cache_attention_step) -> str:
         what = f"cache_attention_step(...) for tokens {start}..{end - 1} with length={start}"
         before_keys, before_values = cache_keys.clone(), cache_values.clone()
         new = [t[:, :, start:end].clone() for t in (q, k, v)]
-        got = call(cache_attention_step, *new, cache_keys, cache_values, start)
+        got = call(cache_attention_step, *new, mutable(cache_keys), mutable(cache_values), start)  # written in place
         got = expect_tensor(got, what=what, shape=(B, H, T, D)).detach().double()
         if torch.equal(cache_keys, before_keys) and torch.equal(cache_values, before_values):
             raise Mismatch(f"{what}: the cache buffers did not change. Write the new keys and values into "
