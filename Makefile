@@ -34,7 +34,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # round differently from them, and from each other) on one thread (another summation order).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
 
-.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check clean distclean sync execute release
+.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check clean distclean sync execute test-newest-torch release
 
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
@@ -43,6 +43,8 @@ help:
 	@echo "make student write _build/student/ (chapters without solutions) and _build/solutions/ (+ zips) for instructors"
 	@echo "make student-check   make student, then run every student notebook top to bottom"
 	@echo "make test-site       browser test of the site that \`make book\` built (_build/html)"
+	@echo "make test-newest-torch   the package tests and every chapter under nbval with the newest torch on PyPI, in"
+	@echo "             .venv-newest (Python 3.12 where there is one; a CUDA build, about 2.6 GB to download; not part of make test)"
 	@echo "make vendor  fetch MathJax and the ipywidgets scripts from npm into _vendor/ (make book does it)"
 	@echo "make sync    rewrite each chapter's first cell from _config.yml (after changing the repository URL)"
 	@echo "make release VERSION=X.Y.Z   set the version, rewrite the first cells, commit and tag vX.Y.Z (RELEASING.md)"
@@ -67,6 +69,12 @@ test: setup
 test-other-cpu: setup
 	@echo "Every chapter again, on the scalar CPU kernels with one thread ($(OTHER_CPU)):"
 	$(OTHER_CPU) $(PY) -m pytest chapters $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
+
+# Not part of `make test`: a separate .venv-newest with PyPI's newest torch (a CUDA build of about
+# 2.6 GB) and the newest of everything else, then the package tests and the chapters under nbval.
+# It prints what it installed. tools/newest_torch.py says how it picks Python and lifts a pip cap.
+test-newest-torch:
+	$(PYTHON) tools/newest_torch.py $(PYTEST_ARGS)
 
 test-package: setup
 	$(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_bool, check_positive_int, check_probability, check_tensor, describe
-from .scaled import _attention_weights, scaled_dot_product_attention
+from .scaled import _attention_weights, _recording_graph, scaled_dot_product_attention
 
 __all__ = ["MultiHeadAttention", "BACKENDS"]
 
@@ -128,11 +128,13 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
 
         # Rows that may attend to nothing: allow them everything, then zero their output below.
-        # (This keeps NaN out of fused kernels, forward and backward.)
+        # (This keeps NaN out of fused kernels, forward and backward.) Eagerly, the fix is skipped
+        # when no row is empty; a recorded graph (torch.export, ONNX) always applies it, which
+        # changes nothing where no row is empty.
         empty_rows = None
         if mask is not None:
             empty_rows = ~mask.any(dim=-1, keepdim=True) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1, keepdim=True)
-            if bool(empty_rows.any()):
+            if _recording_graph() or bool(empty_rows.any()):
                 mask = mask | empty_rows if mask.dtype == torch.bool else mask.masked_fill(empty_rows, 0.0)
             else:
                 empty_rows = None

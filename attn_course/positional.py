@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ._checks import check_positive_int, check_probability, check_tensor, describe
+from .scaled import _recording_graph
 
 __all__ = ["sinusoidal_positional_encoding", "PositionalEncoding", "LearnedPositionalEmbedding", "TokenEmbedding"]
 
@@ -181,7 +182,9 @@ class TokenEmbedding(nn.Module):
         if tokens.is_floating_point() or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
         vocab_size = self.embedding.num_embeddings
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        # The friendly range check reads the ids' values, which a recorded graph (torch.export, the
+        # ONNX exporter, torch.jit.trace) cannot: there, whoever feeds the graph checks the ids.
+        if tokens.numel() and not _recording_graph() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
             raise ValueError(
                 f"token ids must lie in [0, {vocab_size}), got ids from {int(tokens.min())} to {int(tokens.max())}"
             )

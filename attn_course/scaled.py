@@ -10,6 +10,15 @@ from torch import nn
 
 from ._checks import check_bool, check_positive_int, check_probability, check_same_device_and_dtype, check_tensor
 
+
+def _recording_graph() -> bool:
+    """True while torch.export, torch.compile or the ONNX exporter (torch.compiler.is_compiling) or
+    torch.jit.trace records this code as a graph: a Python ``if`` on a tensor's values cannot be
+    recorded there, so the graph takes the branch-free form of the same computation."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
+    return bool(is_compiling is not None and is_compiling()) or torch.jit.is_tracing()
+
+
 __all__ = ["scaled_dot_product_attention", "SelfAttention"]
 
 
@@ -97,12 +106,13 @@ def _attention_weights(query, key, attn_mask, is_causal, scale):
         return torch.softmax(scores, dim=-1, dtype=compute_dtype).to(dtype)
     # A row whose scores are all -inf has nothing to attend to: softmax would give 0/0 = NaN there,
     # and NaN gradients. Such rows are found from the mask (small) rather than from the scores
-    # (large); only if there are any, they get finite scores, and then zero weights.
+    # (large); only if there are any, they get finite scores, and then zero weights (a recorded
+    # graph, which cannot branch on values, always takes that path: it changes no other row).
     if attn_mask.dtype == torch.bool:
         nothing_to_attend = ~attn_mask.any(dim=-1, keepdim=True)  # (..., L|1, 1)
     else:
         nothing_to_attend = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)  # (..., L|1, 1)
-    if not bool(nothing_to_attend.any()):
+    if not _recording_graph() and not bool(nothing_to_attend.any()):
         return torch.softmax(scores, dim=-1, dtype=compute_dtype).to(dtype)
     scores = scores.masked_fill(nothing_to_attend, 0.0)
     weights = torch.softmax(scores, dim=-1, dtype=compute_dtype)  # (..., L, S)

@@ -12,8 +12,10 @@ its ONNX export, in ``_build/translator/`` (``make clean`` removes it); later bu
     _build/translator/site/_static/translator/model.json      vocabularies, sizes, the lexicon, checksums
     _build/translator/export.log                         what happened (and why, when it failed)
 
-The exporter is PyTorch's own (``torch.onnx.export(..., dynamo=True)``, which needs the ``onnx`` and
-``onnxscript`` packages); the website runs the two graphs with onnxruntime-web and decodes greedily,
+The exporter is PyTorch's own: ``torch.onnx.export(..., dynamo=True)`` (torch.export, then ONNX; it
+needs the ``onnx`` and ``onnxscript`` packages), with the TorchScript exporter (``dynamo=False``,
+deprecated since torch 2.15) only as a fallback where that fails; ``model.json`` says which ran
+(``exporter``). Both record the package's own ``encode`` and ``decode``. The website runs the two graphs with onnxruntime-web and decodes greedily,
 one character at a time, as :func:`attn_course.translator.translate` does. The decoder graph reruns
 the whole prefix at each step (no key/value cache): the last step's cross-attention is then exactly
 the map that ``translate(..., return_attention=True)`` reports.
@@ -31,6 +33,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 import traceback
@@ -102,44 +105,25 @@ def _train_or_load(checkpoint: pathlib.Path, retrain: bool, log):
 
 
 def _graphs(model):
-    """The two modules exported: the encoder, and one decoding step over the whole prefix."""
+    """The two modules exported: the encoder, and one decoding step over the whole prefix. Both are
+    the package's own ``Transformer.encode`` and ``Transformer.decode``, as ``translate`` runs them
+    (the attention's empty-row fix and the embedding's id check take their graph form while an
+    exporter records them: ``attn_course.scaled._recording_graph``)."""
     import copy
-    import math
 
     import torch
     from torch import nn
 
-    class TokenEmbeddingForExport(nn.Module):
-        """The same as the package's TokenEmbedding, without its friendly range check of the ids
-        (``int(tokens.max())`` depends on the data, which torch.export cannot trace; the page
-        checks every character against the vocabulary before it calls the model)."""
+    transformer = copy.deepcopy(model.transformer).eval()  # the same weights; the model itself stays untouched
 
-        def __init__(self, token_embedding):
-            super().__init__()
-            self.embedding = token_embedding.embedding
-            self.scale = math.sqrt(token_embedding.embedding.embedding_dim)
-
-        def forward(self, tokens):  # (B, T) -> (B, T, E)
-            return self.embedding(tokens) * self.scale
-
-    transformer = copy.deepcopy(model.transformer)  # the same weights; the model itself stays untouched
-    transformer.src_embedding = TokenEmbeddingForExport(transformer.src_embedding)
-    transformer.tgt_embedding = TokenEmbeddingForExport(transformer.tgt_embedding)
-
-    # The page feeds one sentence, never padded: no padding mask is needed, and without one the
-    # attention takes no data-dependent branch (its "rows with nothing to attend to" test), which
-    # torch.export cannot trace. The steps below are Transformer.encode and Transformer.decode with
-    # the (all-False) padding masks left out; the browser test checks the result against translate().
     class EncoderGraph(nn.Module):
         def __init__(self):
             super().__init__()
             self.transformer = transformer
 
         def forward(self, src):  # (1, S) -> (1, S, E)
-            x = self.transformer.embed_source(src)  # (1, S, E)
-            for layer in self.transformer.encoder_layers:
-                x, _ = layer(x, key_padding_mask=None, need_weights=False)
-            return self.transformer.encoder_norm(x)  # (1, S, E)
+            memory, _ = self.transformer.encode(src)
+            return memory
 
     class DecoderGraph(nn.Module):
         def __init__(self):
@@ -147,19 +131,65 @@ def _graphs(model):
             self.transformer = transformer
 
         def forward(self, memory, tgt):  # (1, S, E), (1, T)
-            x = self.transformer.embed_target(tgt)  # (1, T, E)
-            cross = []
-            for layer in self.transformer.decoder_layers:
-                x, _, w_cross = layer(x, memory, tgt_key_padding_mask=None, memory_key_padding_mask=None,
-                                      is_causal=self.transformer.config.causal_decoder, need_weights=True)
-                cross.append(w_cross)  # (1, H, T, S)
-            logits = self.transformer.output_projection(self.transformer.decoder_norm(x[:, -1]))  # (1, V)
-            return logits, torch.stack(cross, dim=1)  # (1, V): the next character; (1, layers, H, T, S)
+            # The page feeds one unpadded sentence: no source padding to mask (translate's mask is all False).
+            logits, weights = self.transformer.decode(tgt, memory, None, need_weights=True)  # (1, T, V)
+            return logits[:, -1], torch.stack(weights["cross"], dim=1)  # (1, V): the next character; (1, layers, H, T, S)
 
     return EncoderGraph().eval(), DecoderGraph().eval()
 
 
-def _export(model, p: dict, log) -> None:
+def _export_dynamo(graph, args, target, dynamic, inputs, outputs, max_len) -> None:
+    """torch.export, then ONNX (``torch.onnx.export(..., dynamo=True)``; needs onnxscript)."""
+    import logging
+
+    import torch
+
+    # "torchvision is not installed. Skipping torchvision::nms": true, and of no concern here.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    dims = {axis_name: torch.export.Dim(axis_name, min=1, max=max_len) for axis_name in ("S", "T")}
+    dynamic_shapes = {name: {axis: dims[axis_name] for axis, axis_name in dynamic[name].items()} for name in inputs}
+    torch.onnx.export(graph, args, str(target), dynamo=True, dynamic_shapes=dynamic_shapes, input_names=inputs,
+                      output_names=outputs, opset_version=18, external_data=False, verbose=False)
+    _strip_metadata(target)
+
+
+def _strip_metadata(path: pathlib.Path) -> None:
+    """Drop what the dynamo exporter notes for debugging (each node's FX node, class path and source
+    line, this machine's file paths included): a third of the file, and nothing the runtime reads."""
+    import onnx
+
+    model = onnx.load(str(path))
+
+    def strip(graph) -> None:
+        for node in graph.node:
+            del node.metadata_props[:]
+            node.doc_string = ""
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    strip(attribute.g)
+                for subgraph in attribute.graphs:
+                    strip(subgraph)
+        for value in (*graph.value_info, *graph.input, *graph.output, *graph.initializer):
+            del value.metadata_props[:]
+
+    strip(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            del node.metadata_props[:]
+    del model.metadata_props[:]
+    onnx.save(model, str(path))
+
+
+def _export_torchscript(graph, args, target, dynamic, inputs, outputs, max_len) -> None:
+    """The TorchScript tracer (``dynamo=False``), which PyTorch 2.15 says it will remove: the fallback."""
+    import torch
+
+    torch.onnx.export(graph, args, str(target), dynamo=False, input_names=inputs, output_names=outputs,
+                      dynamic_axes=dynamic, opset_version=17, do_constant_folding=True)
+
+
+def _export(model, p: dict, log) -> str:
+    """Write both graphs; return the exporter used ("dynamo", or "torchscript" when dynamo failed)."""
     import torch
 
     encoder, decoder = _graphs(model)
@@ -169,19 +199,32 @@ def _export(model, p: dict, log) -> None:
     with torch.no_grad():
         memory = encoder(src)
     p["assets"].mkdir(parents=True, exist_ok=True)
-    for name, graph, args, dynamic, inputs, outputs in (
+    graphs = (
         ("encoder", encoder, (src,), {"src": {1: "S"}, "memory": {1: "S"}}, ["src"], ["memory"]),
         ("decoder", decoder, (memory, tgt), {"memory": {1: "S"}, "tgt": {1: "T"}, "cross_attention": {3: "T", 4: "S"}},
          ["memory", "tgt"], ["next_logits", "cross_attention"]),
-    ):
-        start = time.perf_counter()
-        target = p[name].with_suffix(".tmp.onnx")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's notes on the shape checks it turns into constants
-            torch.onnx.export(graph, args, str(target), dynamo=False, input_names=inputs, output_names=outputs,
-                              dynamic_axes=dynamic, opset_version=17, do_constant_folding=True)
-        target.replace(p[name])
-        log(f"exported {p[name].name} ({p[name].stat().st_size:,} bytes) in {time.perf_counter() - start:.1f} s")
+    )
+
+    def write_all(export_one) -> None:
+        for name, graph, args, dynamic, inputs, outputs in graphs:
+            start = time.perf_counter()
+            target = p[name].with_suffix(".tmp.onnx")
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")  # the exporters' notes on shape checks and deprecated names
+                export_one(graph, args, target, dynamic, inputs, outputs, model.config.max_len)
+            target.replace(p[name])
+            log(f"exported {p[name].name} ({p[name].stat().st_size:,} bytes) in {time.perf_counter() - start:.1f} s")
+
+    try:
+        write_all(_export_dynamo)
+        log("exporter: torch.onnx.export(dynamo=True)")
+        return "dynamo"
+    except Exception as error:  # onnxscript missing, or an op that torch.export cannot record
+        first_line = (re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines() or [""])[0][:300]
+        reason = f"{type(error).__name__}: {first_line}"
+        log(f"torch.onnx.export(dynamo=True) failed ({reason}); falling back to the TorchScript exporter")
+    write_all(_export_torchscript)
+    return f"torchscript (dynamo=True failed: {reason})"
 
 
 def _lexicon_words() -> dict:
@@ -218,12 +261,13 @@ def run(out: pathlib.Path = OUT, retrain: bool = False) -> tuple[bool, str]:
         model = _train_or_load(p["checkpoint"], retrain, log)
         for name in ("encoder", "decoder"):
             p[name].unlink(missing_ok=True)
-        _export(model, p, log)
+        exporter = _export(model, p, log)
         config = model.config
         meta = {
             "available": True,
             "format": FORMAT,
             "torch": torch.__version__,
+            "exporter": exporter,
             "training": TRAINING,
             "checkpoint_sha256": _sha256(p["checkpoint"]),
             "files": {k: {"name": p[k].name, "bytes": p[k].stat().st_size, "sha256": _sha256(p[k])} for k in ("encoder", "decoder")},
