@@ -82,3 +82,9 @@ def test_feedback_statuses(answer, status, text):
     assert "Traceback" not in str(feedback)
     if status in ("incorrect", "error"):
         assert "Hint: add one" in str(feedback)
+
+
+def test_a_crash_names_the_inputs_it_failed_on():
+    feedback = _check_add_one(lambda t: 1 / 0)
+    assert feedback.status == "error" and "(called with t of shape (1,))" in feedback.message, str(feedback)
+    assert "Traceback" not in str(feedback)

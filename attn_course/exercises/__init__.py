@@ -14,9 +14,11 @@ A check is as good as the wrong answers it rejects. Follow this order:
 
 1. ``@exercise(title, hint=..., forbid=(...))``. The hint points the way in words (which axis, which
    idea), never code: no assignment, no ``x.max(...).values`` chain, no ``torch.exp(...)`` call, no
-   slicing; ``tests/test_exercise_mechanism.py`` scans every hint. ``forbid`` lists what the exercise
-   says not to use, as family names or callables (below); it applies to every ``call`` of the check
-   and never to the check's own reference computation.
+   slicing; ``tests/test_exercise_mechanism.py`` scans every hint (its ``PASTED_HINTS`` lists today's
+   offenders as strict xfails: rewrite the hint, then delete its entry). ``forbid`` lists what the
+   exercise says not to use, as family names or callables (below); it applies to every ``call`` of the
+   check and never to the check's own reference computation. For one call only:
+   ``with forbidden("tril"): got = call(fn, T)``.
 2. Inputs from ``rng(seed)`` (``randn(..., generator=g)``), never the global generator. Try the
    notebook's sizes, then sizes unlike them: ``other_sizes()`` (batch 1 and 3, ``L != S``, one query,
    ``B == L == S``, odd widths, one head), ``padding_cases()`` (right and left padding),
@@ -25,15 +27,16 @@ A check is as good as the wrong answers it rejects. Follow this order:
    first forbidden call becomes "you called torch.log_softmax: this exercise asks you to write the
    softmax yourself"), reports an input changed in place ("your function changed its input `scores`
    in place ..."; wrap an argument in ``mutable(x)`` when the exercise asks to change it), turns a
-   crash into an "error" feedback and a stub into "not attempted". Pass the inputs themselves (no
-   ``.clone()``: ``call`` watches them).
+   crash into an "error" feedback that names the inputs it failed on ("called with x of shape
+   (1, 3, 6)") and a stub into "not attempted". Pass the inputs themselves (no ``.clone()``: ``call``
+   watches them). An answer that is a value, not a function: ``attempted(value)``.
 4. Unpack and type-check: ``expect_sequence(result, length=2, what=..., names=("context",
    "weights"))`` (a tuple or a list), ``expect_int`` / ``expect_number`` (numpy integers and floats,
    one-element tensors too), ``expect_tensor(got, what=..., shape=..., dtype=..., device=...)``;
    ``dtype`` is a ``torch.dtype`` or ``"float"``, ``"integer"``, ``"bool"``.
 5. Name the mistakes: compute each plausible wrong answer (wrong axis, scale, mask convention,
-   padding side ...) and ``raise Mismatch("<what>: <the mistake, in words>")`` when the answer equals
-   one of them, before the generic comparison.
+   padding side ...) and ``raise Mismatch("<what>: <the mistake, in words>")`` (or
+   ``expect(condition, message)``) when the answer equals one of them, before the generic comparison.
 6. ``expect_close(got, expected, what=...)``: the same shape, the kind of dtype (floats for floats,
    integers for ids, bools for masks; an exact dtype only with ``dtype=``), the device of ``expected``
    (which the check computed from the inputs), and values within the tolerance of the less precise of
@@ -75,8 +78,10 @@ their ``forward``):
 - ``"attn_course"`` (alias ``"package"``): every function and class of the package (not its
   exercises, plotting, widgets, diagrams or utils).
 
-``forbidden(*routes)`` is the same as a context manager, for the rare check that runs student code
-other than through ``call``. Graded mode: ``ATTN_COURSE_GRADED=1`` or ``set_graded(True)`` leaves every
+A check that hands the student a package module to use (chapter 05's ``mha``, chapter 07's
+``layer``) must not forbid ``"sdpa"`` or ``"attn_course"`` (they cover that module's forward); forbid
+the object itself around the call (``with forbidden(mha): got = call(fn, queries, mha)`` bans its
+class's forward). Graded mode: ``ATTN_COURSE_GRADED=1`` or ``set_graded(True)`` leaves every
 hint out. Graders load a check afresh with ``fresh_check("ch02", "check_stable_softmax")``.
 """
 
