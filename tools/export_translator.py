@@ -43,7 +43,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "_build" / "translator"
 SITE_DIR_NAME = "site"              # html_extra_path ...
 ASSET_DIR = pathlib.Path("_static") / "translator"  # ... which lands at <site>/_static/translator/
-FORMAT = "attn_course.translator-onnx/1"
+FORMAT = "attn_course.translator-onnx/2"  # 2: recorded by torch.export (1: the TorchScript tracer)
 # What chapter 07 trains (its training cell: 625 steps of 32 sentences; the command line's defaults
 # take batches of 16). Keep the two in step: the panel says it runs the chapter's model.
 TRAINING = {"num_pairs": 20000, "data_seed": 1, "seed": 0, "device": "cpu", "batch_size": 32, "learning_rate": 4e-3}
