@@ -26,7 +26,8 @@ from .caches import LatentKVCache, cache_elements_per_token  # 11
 from .linear import DeltaNetAttention, LinearAttention, LinearAttentionState, delta_rule, delta_rule_step  # 12
 from .linear import linear_attention, linear_attention_step  # 12
 from .decoder import DecoderOnlyLM, generate  # 08-11
-from .plotting import plot_attention, plot_attention_grid
+from .plotting import plot_attention, plot_attention_grid, plot_mask
+from . import diagrams  # the diagram language: ac.diagrams.attention_flow(...), ac.diagrams.PALETTE
 from .widgets import explorable
 
 __version__ = "0.2.0"  # the one place the version is set: pyproject.toml reads it, `make sync` writes it into the first cells
@@ -89,5 +90,7 @@ __all__ = [
     "DeltaNetAttention",
     "plot_attention",
     "plot_attention_grid",
+    "plot_mask",
+    "diagrams",
     "explorable",
 ]

@@ -1,4 +1,9 @@
-"""Pictures shared by the chapters: attention heatmaps with the tokens on both axes."""
+"""Pictures shared by the chapters: attention heatmaps with the tokens on both axes, and masks.
+
+Colours come from :mod:`attn_course.diagrams`, so that a heatmap's weights look like the weights in
+the mechanism diagrams (:data:`~attn_course.diagrams.WEIGHT_CMAP`) and a mask looks the same
+everywhere (:data:`~attn_course.diagrams.MASK_COLOURS`: blue = may attend, grey = blocked).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["plot_attention", "plot_attention_grid"]
+from .diagrams import MASK_COLOURS, WEIGHT_CMAP
+
+__all__ = ["plot_attention", "plot_attention_grid", "plot_mask"]
 
 
 def _as_matrix(weights) -> "torch.Tensor":
@@ -24,7 +31,7 @@ def plot_attention(
     ax=None,
     title: str | None = None,
     annotate: bool | None = None,
-    cmap: str = "viridis",
+    cmap: str = WEIGHT_CMAP,
     colorbar: bool = True,
     vmax: float | None = None,
 ):
@@ -36,7 +43,7 @@ def plot_attention(
         ax: a matplotlib axis to draw on (a new figure when None).
         title: the axis title.
         annotate: write each weight in its cell (default: when the matrix is at most 10 x 10).
-        cmap: colour map.
+        cmap: colour map (default the course's weight colours, as in the diagrams).
         colorbar: add a colour bar; its label says which scale the colours use.
         vmax: top of the colour scale. None (the default) scales the colours to the data, from 0 to
             the largest weight, so that weights spread between 0.1 and 0.35 are still told apart;
@@ -136,6 +143,56 @@ def plot_attention_grid(weights, query_labels=None, key_labels=None, *, titles=N
         fig.suptitle(suptitle)
     fig.tight_layout()
     top = colour_top(w, vmax)
-    mappable = plt.cm.ScalarMappable(norm=plt.Normalize(0.0, top), cmap="viridis")
+    mappable = plt.cm.ScalarMappable(norm=plt.Normalize(0.0, top), cmap=WEIGHT_CMAP)
     fig.colorbar(mappable, ax=axes.ravel().tolist(), fraction=0.02, pad=0.02, label=colour_label(top, vmax))
+    return fig
+
+
+def plot_mask(allowed, query_labels: Sequence[str] | None = None, key_labels: Sequence[str] | None = None, *,
+              ax=None, title: str | None = None, colorbar: bool = True):
+    """Draw a boolean ``(L, S)`` mask, True = may attend, in the course's mask colours.
+
+    Blue cells may be attended to, grey cells are blocked, as in every mechanism diagram
+    (:data:`attn_course.diagrams.MASK_COLOURS`); white lines separate the cells.
+
+    Args:
+        allowed: ``(L, S)`` booleans (a tensor or array), True where the query may attend to the key.
+        query_labels, key_labels: token strings for the rows and the columns.
+        ax: a matplotlib axis to draw on (a new figure when None).
+        title: the axis title.
+        colorbar: add a two-entry colour bar that names the colours.
+
+    Returns:
+        The matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    mask = torch.as_tensor(allowed).detach().cpu()
+    if mask.dtype != torch.bool:
+        raise TypeError(f"allowed must be a boolean (L, S) mask, True = may attend, got dtype {mask.dtype}")
+    if mask.dim() != 2:
+        raise ValueError(f"allowed must be a 2-D (queries, keys) mask, got shape {tuple(mask.shape)}")
+    L, S = mask.shape
+    for name, labels, n in (("query_labels", query_labels, L), ("key_labels", key_labels, S)):
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"{name} has {len(labels)} labels but the mask has {n} along that axis")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(3.0, 0.45 * S + 2.2), max(2.5, 0.4 * L + 1.2)))
+    else:
+        fig = ax.figure
+    image = ax.imshow(mask.float().numpy(), cmap=MASK_COLOURS, vmin=0, vmax=1)
+    ax.set_xticks(range(S), labels=list(key_labels) if key_labels is not None else range(S),
+                  rotation=60 if key_labels is not None and max(map(len, map(str, key_labels)), default=0) > 2 else 0)
+    ax.set_yticks(range(L), labels=list(query_labels) if query_labels is not None else range(L))
+    ax.set_xticks([j - 0.5 for j in range(1, S)], minor=True)
+    ax.set_yticks([i - 0.5 for i in range(1, L)], minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    if title:
+        ax.set_title(title)
+    if colorbar:
+        bar = fig.colorbar(image, ax=ax, ticks=[0.25, 0.75], fraction=0.046, pad=0.04)
+        bar.ax.set_yticklabels(["blocked\n(False)", "may attend\n(True)"])
     return fig

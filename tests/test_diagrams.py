@@ -1,0 +1,350 @@
+"""The diagram language: every builder draws at many sizes, in the palette's colours, legibly, with alt text."""
+
+import itertools
+import json
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib import colormaps  # noqa: E402
+from matplotlib.colors import to_hex, to_rgb, to_rgba  # noqa: E402
+
+import attn_course as ac  # noqa: E402
+from attn_course import diagrams as dg  # noqa: E402
+
+CHAPTERS = pathlib.Path(__file__).resolve().parent.parent / "chapters"
+
+# Each builder at a chapter's sizes, at the smallest sizes, and at sizes far beyond CAP (clamped).
+CASES = {
+    "attention_small": lambda: dg.attention_flow(L=1, D=1, E=1),
+    "attention_ch03": lambda: dg.attention_flow(L=6, D=4, E=3, names={"L": "T", "D": "d_k", "E": "d_in"}),
+    "attention_simple": lambda: dg.attention_flow(L=6, E=3, simple=True),
+    "attention_causal": lambda: dg.attention_flow(L=6, D=4, mask="causal", projections=False),
+    "attention_padding": lambda: dg.attention_flow(L=5, S=7, D=4, mask="causal+padding", padding=2),
+    "attention_sliding": lambda: dg.attention_flow(L=8, D=4, mask="sliding", window=3, projections=False),
+    "attention_array_mask": lambda: dg.attention_flow(L=3, S=4, D=2, mask=np.tril(np.ones((3, 4), bool))),
+    "attention_rotary_alibi": lambda: dg.attention_flow(L=8, D=4, rotary=True, bias="alibi", mask="causal"),
+    "attention_heads_batch": lambda: dg.attention_flow(L=5, D=4, E=12, heads=3, batch=2, legend=True),
+    "attention_huge": lambda: dg.attention_flow(L=4096, S=8192, D=128, E=1024, heads=32, batch=8, mask="causal"),
+    "head_split": lambda: dg.head_split(L=5, E=12, H=3),
+    "head_split_huge": lambda: dg.head_split(L=2048, E=4096, H=32, batch=4),
+    "multihead": lambda: dg.multihead_flow(L=5, E=12, H=3),
+    "multihead_gqa": lambda: dg.multihead_flow(L=6, E=32, H=8, kv_heads=2, batch=2, legend=True),
+    "multihead_huge": lambda: dg.multihead_flow(L=4096, E=8192, H=64, kv_heads=8),
+    "seq2seq_additive": lambda: dg.seq2seq_attention(S=6, D=8),
+    "seq2seq_dot_long": lambda: dg.seq2seq_attention(S=40, D=512, kind="dot"),
+    "positional": lambda: dg.positional_flow(L=6, E=16),
+    "positional_huge": lambda: dg.positional_flow(L=2048, E=1024, kind="learned"),
+    "transformer": lambda: dg.transformer_flow(S=7, T=6, E=16, N=2, V=30),
+    "transformer_huge": lambda: dg.transformer_flow(S=512, T=512, E=4096, N=96, V=50000),
+    "tiled": lambda: dg.tiled_attention_flow(L=4, S=12, D=4, block_k=3, tile=1),
+    "tiled_huge": lambda: dg.tiled_attention_flow(L=128, S=1024, D=64, block_k=128, tile=7),
+    "kv_cache": lambda: dg.kv_cache_flow(T=5, D=8),
+    "kv_cache_rolling": lambda: dg.kv_cache_flow(T=9, D=4, window=4),
+    "kv_cache_huge": lambda: dg.kv_cache_flow(T=100_000, D=128, window=4096),
+    "rotary": lambda: dg.rotary_pairs(D=8, position=3),
+    "rotary_halves": lambda: dg.rotary_pairs(D=16, position=1000, interleaved=False),
+    "grouped_heads": lambda: dg.grouped_heads(8, (8, 2, 1)),
+    "grouped_heads_huge": lambda: dg.grouped_heads(32, (32, 4)),
+    "latent": lambda: dg.latent_attention_flow(L=6, E=32, H=4, d_c=8, d_h=8, d_r=4),
+    "latent_absorbed": lambda: dg.latent_attention_flow(L=6, E=32, H=4, d_c=8, d_h=8, d_r=4, absorbed=True),
+    "latent_huge": lambda: dg.latent_attention_flow(L=4096, E=5120, H=128, d_c=512, d_h=128, d_r=64),
+    "linear": lambda: dg.linear_attention_flow(4, 6),
+    "delta_gated": lambda: dg.linear_attention_flow(4, 6, rule="delta", gate=True),
+    "delta_huge": lambda: dg.linear_attention_flow(64, 128, rule="delta", gate=True),
+}
+
+
+@pytest.fixture(scope="module")
+def drawn():
+    """Every case drawn once (and rendered, so that text extents are known)."""
+    figures = {}
+    for name, make in CASES.items():
+        fig = make()
+        fig.canvas.draw()
+        figures[name] = fig
+    yield figures
+    for fig in figures.values():
+        plt.close(fig)
+
+
+def texts(fig):
+    return [t for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip() and t.get_visible()]
+
+
+def patches(fig, prefix):
+    return [p for p in fig.findobj(matplotlib.patches.Patch) if (p.get_gid() or "").startswith(prefix)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_builder_draws_a_sized_figure_with_an_alt_text(drawn, name):
+    fig = drawn[name]
+    width, height = fig.get_size_inches()
+    assert 1.0 < width <= 12.5 and 0.8 < height <= 11, (name, width, height)  # huge sizes are clamped
+    assert len(fig.findobj(matplotlib.patches.Patch)) < 2500, name  # no 4096 grid cells
+    alt = dg.alt_text(fig)
+    assert alt.startswith("Diagram of ") and alt.endswith("."), alt
+    assert len(alt) < 900, len(alt)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if "huge" not in n])
+def test_the_chapters_sizes_fit_the_page(drawn, name):
+    """At a chapter's sizes a diagram is at most 7.5 inches wide: 750 px at the notebook's 100 dpi."""
+    assert drawn[name].get_size_inches()[0] <= 7.5, name
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_no_two_labels_overlap(drawn, name):
+    fig = drawn[name]
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer).expanded(0.98, 0.9)) for t in texts(fig)]
+    clashes = [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2) if ba.overlaps(bb)]
+    assert not clashes, clashes
+
+
+def test_attention_flow_labels_its_blocks_and_shapes():
+    fig = dg.attention_flow(L=6, D=4, E=3, mask="causal", names={"L": "T", "D": "d_k", "E": "d_in"})
+    words = {t.get_text() for t in texts(fig)}
+    assert {"X", "Q", "K", "V", "QKᵀ", "A", "O", "M", "softmax", "mask", "÷√d_k", "@ W_Q"} <= words, words
+    assert "(T, d_k)\n(6, 4)" in words and "(T, d_in)\n(6, 3)" in words and "(T, T)\n(6, 6)" in words
+    alt = dg.alt_text(fig)
+    for shape in ("(T, d_in) = (6, 3)", "(T, d_k) = (6, 4)", "(T, T) = (6, 6)", "√d_k = √4", "causal"):
+        assert shape in alt, (shape, alt)
+    plt.close(fig)
+    cross = {t.get_text() for t in texts(dg.attention_flow(L=3, S=5, D=2, projections=False))}
+    assert "(L, S)\n(3, 5)" in cross and "(S, D)\n(5, 2)" in cross  # keys of their own length: S
+    plt.close("all")
+
+
+def test_shapes_can_show_numbers_or_symbols_only():
+    numbers = {t.get_text() for t in texts(dg.attention_flow(L=6, D=4, shapes="numbers"))}
+    symbols = {t.get_text() for t in texts(dg.attention_flow(L=6, D=4, shapes="symbols"))}
+    assert "(6, 4)" in numbers and "(L, D)" not in numbers
+    assert "(L, D)" in symbols and "(6, 4)" not in symbols
+    plt.close("all")
+
+
+@pytest.mark.parametrize("make, role, name", [
+    (lambda: dg.attention_flow(), "query", "Q"),
+    (lambda: dg.attention_flow(), "key", "K"),
+    (lambda: dg.attention_flow(), "value", "V"),
+    (lambda: dg.attention_flow(), "score", "QKᵀ"),
+    (lambda: dg.attention_flow(), "output", "O"),
+    (lambda: dg.attention_flow(), "input", "X"),
+    (lambda: dg.positional_flow(), "input", "tokens"),
+    (lambda: dg.kv_cache_flow(), "key", "K"),
+    (lambda: dg.linear_attention_flow(), "state", "Sₜ"),
+    (lambda: dg.latent_attention_flow(), "state", "c_KV"),
+])
+def test_blocks_take_their_roles_colour(make, role, name):
+    fig = make()
+    found = patches(fig, f"block:{role}:{name}")
+    assert found, f"no {role} block named {name}"
+    assert all(to_hex(p.get_facecolor()) == dg.PALETTE[role].lower() for p in found)
+    plt.close(fig)
+
+
+def test_weights_are_shaded_like_the_heatmaps_and_masks_in_the_mask_colours():
+    fig = dg.attention_flow(L=6, D=4, mask="causal")
+    lut = colormaps[dg.WEIGHT_CMAP](np.linspace(0, 1, 256))[:, :3]
+    cells = patches(fig, "cell:weight:A")
+    assert len(cells) == 36
+    for cell in cells:
+        assert np.abs(lut - np.array(cell.get_facecolor()[:3])).sum(axis=1).min() < 1e-6
+    darkest = to_rgba(colormaps[dg.WEIGHT_CMAP](0.0))
+    x0, y0 = min(c.get_x() for c in cells), min(c.get_y() for c in cells)
+    index = lambda c, z, z0, size: round((z - z0) / size)  # noqa: E731
+    above_diagonal = [c for c in cells if index(c, c.get_x(), x0, c.get_width()) >  # blocked by the causal mask
+                      index(c, c.get_y(), y0, c.get_height())]
+    assert above_diagonal and all(np.allclose(c.get_facecolor(), darkest) for c in above_diagonal)
+    mask = {to_hex(p.get_facecolor()) for p in patches(fig, "cell:mask_allowed:M")}
+    assert mask == {dg.PALETTE["mask_allowed"].lower(), dg.PALETTE["mask_blocked"].lower()}
+    plt.close(fig)
+
+
+def test_the_heatmaps_use_the_same_colours():
+    fig = ac.plot_attention(torch.softmax(torch.randn(3, 3), dim=-1))
+    assert fig.axes[0].images[0].get_cmap().name == dg.WEIGHT_CMAP
+    plt.close(fig)
+    fig = ac.plot_mask(ac.causal_mask(4), list("abcd"), list("abcd"), title="causal")
+    image = fig.axes[0].images[0]
+    assert image.get_cmap() is dg.MASK_COLOURS
+    rgba = image.to_rgba(image.get_array())
+    assert to_hex(rgba[0, 3]) == dg.PALETTE["mask_blocked"].lower()  # above the diagonal: blocked
+    assert to_hex(rgba[3, 0]) == dg.PALETTE["mask_allowed"].lower()
+    assert [t.get_text() for t in fig.axes[-1].get_yticklabels()] == ["blocked\n(False)", "may attend\n(True)"]
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("bad, error", [(torch.ones(3, 3), TypeError), (torch.ones(3, dtype=torch.bool), ValueError)])
+def test_plot_mask_refuses_what_is_not_a_boolean_matrix(bad, error):
+    with pytest.raises(error, match="allowed"):
+        ac.plot_mask(bad)
+
+
+def test_plot_mask_checks_its_labels():
+    with pytest.raises(ValueError, match="key_labels"):
+        ac.plot_mask(ac.causal_mask(3), key_labels=["a", "b"])
+
+
+def test_every_role_and_head_colour_carries_legible_text():
+    for role, colour in dg.PALETTE.items():
+        assert dg.contrast_ratio(dg.text_colour(colour), colour) >= 4.5, role
+    for colour in dg.HEAD_COLOURS:
+        assert dg.contrast_ratio(dg.text_colour(colour), colour) >= 4.5, colour
+    for colour in (dg.INK, dg.MUTED):  # labels on the white card the site puts figures on
+        assert dg.contrast_ratio(colour, "#ffffff") >= 4.5, colour
+
+
+def test_contrast_ratio_matches_the_wcag_examples():
+    assert dg.contrast_ratio("#000000", "#ffffff") == pytest.approx(21.0)
+    assert dg.contrast_ratio("#777777", "#ffffff") == pytest.approx(4.48, abs=0.01)
+    assert dg.text_colour("#1F5FA8") == "#ffffff" and dg.text_colour("#F0E442") == "#000000"
+
+
+@pytest.mark.parametrize("name", ["attention_causal", "multihead", "latent", "tiled", "seq2seq_additive"])
+def test_the_names_drawn_on_blocks_are_legible(drawn, name):
+    for t in texts(drawn[name]):
+        box = t.get_bbox_patch()
+        if box is not None and box.get_facecolor()[3] > 0:
+            assert dg.contrast_ratio(t.get_color(), box.get_facecolor()[:3]) >= 4.5, t.get_text()
+
+
+def _lab(colour):
+    rgb = np.array(to_rgb(colour))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    f = np.cbrt(np.maximum(xyz / np.array([0.95047, 1.0, 1.08883]), 0.008856))
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def _deuteranope(colour):
+    """Machado et al. (2009)'s simulation of deuteranopia, severity 1."""
+    rgb = np.array(to_rgb(colour))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    seen = np.clip(np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                             [-0.011820, 0.042940, 0.968881]]) @ linear, 0, 1)
+    return tuple(np.where(seen <= 0.0031308, 12.92 * seen, 1.055 * seen ** (1 / 2.4) - 0.055))
+
+
+def test_head_colours_and_role_colours_are_told_apart():
+    distance = lambda a, b: float(np.linalg.norm(_lab(a) - _lab(b)))  # noqa: E731  (CIE76 ΔE)
+    heads = dg.HEAD_COLOURS
+    assert len(heads) >= 8 and len(set(heads)) == len(heads)
+    assert min(distance(a, b) for a, b in itertools.combinations(heads, 2)) > 20
+    assert min(distance(_deuteranope(a), _deuteranope(b)) for a, b in itertools.combinations(heads, 2)) > 12
+    roles = [r for r in dg.PALETTE if r not in ("parameter", "weight")]
+    assert min(distance(dg.PALETTE[a], dg.PALETTE[b]) for a, b in itertools.combinations(roles, 2)) > 15
+    qkv = [dg.PALETTE[r] for r in ("query", "key", "value")]
+    assert min(distance(_deuteranope(a), _deuteranope(b)) for a, b in itertools.combinations(qkv, 2)) > 20
+
+
+def test_large_sizes_are_clamped_but_still_grow():
+    d = dg.Diagram()
+    lengths = [d.ext(n) for n in (1, 6, 12, 13, 64, 4096, 10**6)]
+    assert lengths == sorted(lengths) and lengths[1] == pytest.approx(6 * dg.CELL)
+    assert lengths[-1] <= (dg.CAP + 2) * dg.CELL
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: dg.attention_flow(L=0), "L"),
+    (lambda: dg.attention_flow(L=2.5), "L"),
+    (lambda: dg.attention_flow(D=True), "D"),
+    (lambda: dg.attention_flow(mask="diagonal"), "mask"),
+    (lambda: dg.attention_flow(mask="sliding"), "window"),
+    (lambda: dg.attention_flow(mask=np.ones((2, 2), bool), L=3), "mask"),
+    (lambda: dg.attention_flow(bias="t5"), "bias"),
+    (lambda: dg.attention_flow(S=3, padding=3, mask="padding"), "padding"),
+    (lambda: dg.attention_flow(shapes="letters"), "shapes"),
+    (lambda: dg.attention_flow(labels={"Z": "zeta"}), "labels"),
+    (lambda: dg.head_split(E=10, H=3), "divisible"),
+    (lambda: dg.multihead_flow(H=4, E=8, kv_heads=3), "kv_heads"),
+    (lambda: dg.seq2seq_attention(kind="general"), "kind"),
+    (lambda: dg.seq2seq_attention(S=3, tokens=["a"]), "tokens"),
+    (lambda: dg.positional_flow(kind="rotary"), "kind"),
+    (lambda: dg.tiled_attention_flow(S=12, block_k=3, tile=4), "tile"),
+    (lambda: dg.tiled_attention_flow(S=100, block_k=3), "block_k"),
+    (lambda: dg.rotary_pairs(D=7), "D"),
+    (lambda: dg.rotary_pairs(position=-1), "position"),
+    (lambda: dg.grouped_heads(8, (3,)), "groups"),
+    (lambda: dg.linear_attention_flow(rule="hebbian"), "rule"),
+    (lambda: dg.Diagram().block((0, 0), 2, 2, role="queries"), "role"),
+    (lambda: dg.Diagram().finish("Q K V"), "alt"),
+])
+def test_bad_arguments_say_which_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: dg.attention_flow(names=["L", "T"]), "names"),
+    (lambda: dg.grouped_heads(8, 2), "groups"),
+    (lambda: dg.linear_attention_flow(gate="yes"), "gate"),
+])
+def test_arguments_of_the_wrong_type_are_refused(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+def test_primitives_compose_a_new_diagram():
+    d = dg.Diagram()
+    x = d.block((0.5, 0.5), 4, 6, role="input", name="X", shape="(4, 6)")
+    heads = d.block((2.5, 0.5), 4, 2, role="query", name="Q", depth=3, slice_edges=dg.HEAD_COLOURS)
+    node = d.op((1.5, 0.5), "split")
+    d.arrow(x.right, node.left)
+    d.arrow(node.right, heads.left, label="(3, 4, 2)")
+    d.group([x, node, heads], "one layer")
+    d.legend()
+    fig = d.finish("Diagram of X split into three heads.")
+    assert dg.alt_text(fig) == "Diagram of X split into three heads."
+    assert {"X", "Q", "split", "(3, 4, 2)", "one layer", "input", "query"} <= {t.get_text() for t in texts(fig)}
+    assert len(patches(fig, "slice:query:Q")) == 2 and heads.lift == pytest.approx(2 * dg.STEP)
+    with pytest.raises(ValueError, match="text alternative"):
+        dg.alt_text(plt.figure())
+    plt.close("all")
+
+
+def test_show_displays_the_picture_with_its_alt_text(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *args, **kwargs: shown.append((args, kwargs)))
+    fig = dg.kv_cache_flow(T=4, D=4)
+    dg.show(fig)
+    (bundle,), options = shown[0]
+    assert options == {"raw": True}
+    assert bundle["image/png"].startswith(b"\x89PNG") and bundle["text/plain"] == dg.alt_text(fig)
+    plt.close(fig)
+
+
+def stale_alt_texts(notebook: dict) -> list:
+    """Cells whose diagram (an image output whose plain text starts with "Diagram", as show() writes it)
+    lacks that text in the cell's metadata, which is what the website uses for the picture's alt."""
+    stale = []
+    for index, cell in enumerate(notebook.get("cells", [])):
+        alt = ((cell.get("metadata", {}).get("mystnb") or {}).get("image") or {}).get("alt", "")
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            plain = "".join(data.get("text/plain", ""))
+            if "image/png" in data and plain.startswith("Diagram") and plain not in alt:
+                stale.append((index, plain[:60]))
+    return stale
+
+
+def test_stale_alt_texts_finds_a_diagram_whose_metadata_lags_behind():
+    output = {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": "Diagram of A (2, 3)."}}
+    good = {"metadata": {"mystnb": {"image": {"alt": "Diagram of A (2, 3)."}}}, "outputs": [output]}
+    old = {"metadata": {"mystnb": {"image": {"alt": "Diagram of A (2, 2)."}}}, "outputs": [output]}
+    bare = {"metadata": {}, "outputs": [output]}
+    assert stale_alt_texts({"cells": [good]}) == []
+    assert [i for i, _ in stale_alt_texts({"cells": [good, old, bare]})] == [1, 2]
+
+
+@pytest.mark.parametrize("path", sorted(CHAPTERS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_every_chapter_diagram_has_its_alt_text_in_the_cell_metadata(path):
+    assert stale_alt_texts(json.loads(path.read_text(encoding="utf-8"))) == []
