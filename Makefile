@@ -34,7 +34,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # round differently from them, and from each other) on one thread (another summation order).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
 
-.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check clean distclean sync execute test-newest-torch release
+.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check nbgrader clean distclean sync execute test-newest-torch release
 
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
@@ -42,6 +42,8 @@ help:
 	@echo "             then every chapter again on another numerical path (make test-other-cpu)"
 	@echo "make student write _build/student/ (chapters without solutions) and _build/solutions/ (+ zips) for instructors"
 	@echo "make student-check   make student, then run every student notebook top to bottom"
+	@echo "make nbgrader        write an nbgrader course into _build/nbgrader (nbgrader_config.py, source/chNN/);"
+	@echo "             CHAPTERS=02,03 for some chapters only; NBGRADER_ARGS='--points 2 --assignment week1' (see instructor.md)"
 	@echo "make test-site       browser test of the site that \`make book\` built (_build/html)"
 	@echo "make test-newest-torch   the package tests and every chapter under nbval with the newest torch on PyPI, in"
 	@echo "             .venv-newest (Python 3.12 where there is one; a CUDA build, about 2.6 GB to download; not part of make test)"
@@ -93,8 +95,16 @@ book: vendor
 test-site: setup
 	ATTN_COURSE_SITE=_build/html $(PY) -m pytest tests/test_site.py -p no:cacheprovider $(PYTEST_ARGS)
 
-student: setup
-	$(PY) tools/make_student.py
+# `make student` and `make nbgrader` need Python 3.9+ and nothing else (no .venv, no torch, no
+# Jupyter): tools/make_student.py reads and writes the notebooks as JSON. Only running notebooks
+# (`make student-check`, `--grade`) needs the course's environment.
+CHAPTERS ?=
+NBGRADER_ARGS ?=
+student:
+	$(PYTHON) tools/make_student.py $(if $(CHAPTERS),--chapters $(CHAPTERS))
+
+nbgrader:
+	$(PYTHON) tools/make_student.py --nbgrader $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(NBGRADER_ARGS)
 
 student-check: setup
 	$(PY) tools/make_student.py --check
