@@ -1,23 +1,57 @@
 """The course's diagram language: tensors as labelled blocks with their shapes, operations between them.
 
-Every chapter pictures its mechanism with these helpers, so that one role has one colour in the
-whole course (queries, keys, values, masks, heads, ...) and the weights look like the heatmaps of
-:mod:`attn_course.plotting` (both use :data:`WEIGHT_CMAP`). A builder such as :func:`attention_flow`
-returns a matplotlib ``Figure`` drawn at the chapter's own sizes, with its text alternative in
-``fig.attn_alt`` (read it with :func:`alt_text`). A chapter cell shows it with :func:`show`::
+Every chapter pictures its mechanism with these helpers, so that a role has one colour in the whole
+course and the weights look like the heatmaps of :mod:`attn_course.plotting` (both use
+:data:`WEIGHT_CMAP`; masks use :data:`MASK_COLOURS` in both). A builder returns a matplotlib
+``Figure`` drawn at the chapter's own sizes, its text alternative in ``fig.attn_alt``
+(:func:`alt_text`). A chapter cell::
 
-    fig = ac.diagrams.attention_flow(L=T, D=d_k, E=d_in, names={"L": "T", "D": "d_k", "E": "d_in"})
-    ac.diagrams.show(fig)   # the picture, and its alt text as the output's text
+    fig = ac.diagrams.attention_flow(L=T, D=d_k, E=d_in, mask="causal",
+                                     names={"L": "T", "D": "d_k", "E": "d_in"})
+    ac.diagrams.show(fig)   # the PNG, with the alt text as the output's text/plain
 
-and its cell metadata carries the same text for the website: ``"mystnb": {"image": {"alt": "..."}}``
-(copy what :func:`show` printed as the output's ``text/plain``; ``tests/test_diagrams.py`` fails
-when the two drift apart).
+and the cell's metadata carries the same text for the website, ``"mystnb": {"image": {"alt": ...}}``:
+after executing the chapter, ``ac.diagrams.sync_alt_texts("chapters/NN_....ipynb")`` copies each
+diagram's text into its cell's metadata; ``tests/test_diagrams.py`` fails while a chapter's metadata
+lacks it, and nbval fails when the code changes the text. An author may add sentences after it.
 
-Diagrams are drawn at their true size: one data unit is one inch, one cell of a tensor is
-:data:`CELL` inches, and a length above :data:`CAP` cells grows only logarithmically, so a
-``(4096, 64)`` tensor stays on the page. The lower-level :class:`Diagram` (``block``, ``op``,
-``arrow``, ``group``, ``legend``, ``finish``) composes new pictures by explicit coordinates
-(inches, y pointing down).
+Builders (chapter): :func:`seq2seq_attention` (01), :func:`attention_flow` (02 ``simple=True``, 03,
+04 ``mask=...``, 09 ``rotary=True``/``bias="alibi"``, 10 ``mask="sliding"``), :func:`head_split` and
+:func:`multihead_flow` (05; 10 with ``kv_heads``), :func:`positional_flow` (06),
+:func:`transformer_flow` (07), :func:`tiled_attention_flow` and :func:`kv_cache_flow` (08; 10 with
+``window``), :func:`rotary_pairs` (09), :func:`grouped_heads` (10), :func:`latent_attention_flow` (11),
+:func:`linear_attention_flow` (12). Sizes are keyword integers; ``names`` renames the symbols in the
+shapes (``{"L": "T"}``), ``shapes`` shows "both" (symbols over numbers), "numbers" or "symbols".
+
+The palette (:data:`PALETTE`, role -> fill; text on every fill has WCAG contrast >= 4.5, black on all
+but the mask's blue, where it is white):
+
+==============  =========  ==========================================================
+role            colour     used for
+==============  =========  ==========================================================
+input           #B3B3B3    token embeddings X, token ids (grey)
+query           #CC79A7    Q, decoder states that query (reddish purple, Okabe-Ito)
+key             #E69F00    K (orange, Okabe-Ito)
+value           #56B4E9    V (sky blue, Okabe-Ito)
+score           #F0E442    scores Q Kᵀ before the softmax (yellow)
+weight          viridis    attention weights, shaded like the heatmaps (#21918C mid)
+output          #009E73    outputs, context vectors (bluish green)
+position        #F4A582    positional encodings, rotary angles, ALiBi bias (salmon)
+state           #B9A5D9    recurrent states, caches, latents (lavender)
+parameter       #FFFFFF    weight matrices drawn as blocks (white, outlined)
+mask_allowed    #1F5FA8    a mask's True, "may attend" (blue)
+mask_blocked    #E3E3E3    a mask's False, "blocked" (light grey)
+==============  =========  ==========================================================
+
+Heads take :data:`HEAD_COLOURS` (Paul Tol's colour-blind-safe "muted" scheme): head h is
+``HEAD_COLOURS[h % 8]`` (:func:`head_colour`).
+
+Diagrams are drawn at true size: one data unit is one inch, a tensor's cell :data:`CELL` inches,
+and an axis longer than :data:`CAP` cells grows only logarithmically, so ``(4096, 64)`` stays on
+the page; a builder shrinks its cells (not its text) until it is at most :data:`MAX_WIDTH` inches
+wide, 700 px at the notebook's 100 dpi. :class:`Diagram` composes new pictures by explicit
+coordinates (inches, y pointing down): ``block``, ``op``, ``arrow``, ``group``, ``text``,
+``legend``, ``finish(alt)``.
 """
 
 from __future__ import annotations
@@ -30,12 +64,12 @@ import numpy as np
 from matplotlib.colors import ListedColormap, to_rgb
 
 __all__ = [
-    "PALETTE", "HEAD_COLOURS", "MASK_COLOURS", "WEIGHT_CMAP", "CELL", "CAP",
-    "text_colour", "contrast_ratio", "alt_text", "show",
+    "PALETTE", "HEAD_COLOURS", "MASK_COLOURS", "WEIGHT_CMAP", "CELL", "CAP", "MAX_WIDTH",
+    "head_colour", "text_colour", "contrast_ratio", "alt_text", "show", "sync_alt_texts",
     "Diagram", "Block",
     "attention_flow", "head_split", "multihead_flow", "seq2seq_attention", "positional_flow",
-    "transformer_flow", "tiled_attention_flow", "kv_cache_flow", "rotary_pairs", "latent_attention_flow",
-    "linear_attention_flow",
+    "transformer_flow", "tiled_attention_flow", "kv_cache_flow", "rotary_pairs", "grouped_heads",
+    "latent_attention_flow", "linear_attention_flow",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -515,6 +549,50 @@ def show(fig, *, dpi: int = 100):
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
     display({"image/png": buffer.getvalue(), "text/plain": alt}, raw=True)
+
+
+def diagram_alt_texts(cell: dict) -> list[str]:
+    """The alt texts of the diagrams a notebook cell shows: image outputs whose plain text starts "Diagram"."""
+    found = []
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        plain = "".join(data.get("text/plain", ""))
+        if "image/png" in data and plain.startswith("Diagram"):
+            found.append(plain)
+    return found
+
+
+def sync_alt_texts(path) -> int:
+    """Copy each diagram's alt text (what :func:`show` wrote) into its cell's metadata, for the website.
+
+    A cell whose ``"mystnb": {"image": {"alt": ...}}`` already contains the text keeps it (an author
+    may add sentences after it); otherwise the text replaces it. Run it on an executed notebook.
+
+    Args:
+        path: the ``.ipynb`` file.
+
+    Returns:
+        How many cells changed.
+    """
+    import json
+    import pathlib
+
+    path = pathlib.Path(path)
+    if path.suffix != ".ipynb" or not path.is_file():
+        raise ValueError(f"path must be an existing .ipynb notebook, got {str(path)!r}")
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    changed = 0
+    for cell in notebook.get("cells", []):
+        texts = diagram_alt_texts(cell)
+        if not texts:
+            continue
+        image = cell.setdefault("metadata", {}).setdefault("mystnb", {}).setdefault("image", {})
+        if not all(text in image.get("alt", "") for text in texts):
+            image["alt"] = " ".join(texts)
+            changed += 1
+    if changed:
+        path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return changed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1656,3 +1734,4 @@ def linear_attention_flow(Dk: int = 4, Dv: int = 6, *, rule: str = "linear", gat
                 f"fixed size; the query qₜ {shp.alt('Dk')} reads the output oₜ = Sₜᵀ qₜ {shp.alt('Dv')}.")
 
     return _fit(draw)
+

@@ -323,16 +323,12 @@ def test_show_displays_the_picture_with_its_alt_text(monkeypatch):
 
 
 def stale_alt_texts(notebook: dict) -> list:
-    """Cells whose diagram (an image output whose plain text starts with "Diagram", as show() writes it)
-    lacks that text in the cell's metadata, which is what the website uses for the picture's alt."""
+    """Cells that show a diagram (an image whose plain text starts "Diagram", as show() writes it) whose
+    metadata lacks that text, which the website uses as the picture's alt."""
     stale = []
     for index, cell in enumerate(notebook.get("cells", [])):
         alt = ((cell.get("metadata", {}).get("mystnb") or {}).get("image") or {}).get("alt", "")
-        for output in cell.get("outputs", []):
-            data = output.get("data", {})
-            plain = "".join(data.get("text/plain", ""))
-            if "image/png" in data and plain.startswith("Diagram") and plain not in alt:
-                stale.append((index, plain[:60]))
+        stale += [(index, text[:60]) for text in dg.diagram_alt_texts(cell) if text not in alt]
     return stale
 
 
@@ -343,6 +339,24 @@ def test_stale_alt_texts_finds_a_diagram_whose_metadata_lags_behind():
     bare = {"metadata": {}, "outputs": [output]}
     assert stale_alt_texts({"cells": [good]}) == []
     assert [i for i, _ in stale_alt_texts({"cells": [good, old, bare]})] == [1, 2]
+
+
+def test_sync_alt_texts_writes_the_diagrams_text_into_the_metadata(tmp_path):
+    output = {"output_type": "display_data", "metadata": {},
+              "data": {"image/png": "iVBOR", "text/plain": ["Diagram of A ", "(2, 3)."]}}
+    cells = [{"cell_type": "code", "metadata": {}, "source": "", "outputs": [output], "execution_count": 1},
+             {"cell_type": "code", "metadata": {"mystnb": {"image": {"alt": "Diagram of A (2, 3). Rows sum to 1."}}},
+              "source": "", "outputs": [output], "execution_count": 2},
+             {"cell_type": "markdown", "metadata": {}, "source": "text"}]
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert dg.sync_alt_texts(path) == 1 and dg.sync_alt_texts(path) == 0
+    synced = json.loads(path.read_text())
+    assert synced["cells"][0]["metadata"]["mystnb"]["image"]["alt"] == "Diagram of A (2, 3)."
+    assert synced["cells"][1]["metadata"]["mystnb"]["image"]["alt"].endswith("Rows sum to 1.")  # kept
+    assert stale_alt_texts(synced) == []
+    with pytest.raises(ValueError, match="path"):
+        dg.sync_alt_texts(tmp_path / "missing.ipynb")
 
 
 @pytest.mark.parametrize("path", sorted(CHAPTERS.glob("*.ipynb")), ids=lambda p: p.name)
