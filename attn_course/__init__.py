@@ -24,7 +24,7 @@ from .gqa import GroupedQueryAttention  # 10
 from .latent import MultiHeadLatentAttention  # 11
 from .caches import LatentKVCache, cache_elements_per_token  # 11
 from .linear import DeltaNetAttention, LinearAttention, LinearAttentionState, delta_rule, delta_rule_step  # 12
-from .linear import linear_attention, linear_attention_step  # 12
+from .linear import associative_recall, linear_attention, linear_attention_step  # 12
 from .decoder import DecoderOnlyLM, generate  # 08-11
 from .plotting import plot_attention, plot_attention_grid, plot_mask
 from . import diagrams  # the diagram language: ac.diagrams.attention_flow(...), ac.diagrams.PALETTE
@@ -88,6 +88,7 @@ __all__ = [
     "delta_rule_step",
     "LinearAttention",
     "DeltaNetAttention",
+    "associative_recall",
     "plot_attention",
     "plot_attention_grid",
     "plot_mask",

@@ -25,8 +25,9 @@ towards ``v_t``, with a learning rate ``beta_t``. Yang et al. (2024, "Paralleliz
 Transformers with the Delta Rule over Sequence Length", arXiv 2406.06484) made it trainable in
 parallel (the chunkwise form below, :func:`delta_rule` with ``chunk_size``), and Gated DeltaNet
 (Yang, Kautz and Hatamizadeh, 2025, "Gated Delta Networks", arXiv 2412.06464) added a decay
-``alpha_t`` that can erase the state quickly; hybrids of Gated DeltaNet layers with a few softmax
-layers (Qwen3-Next, Kimi Linear) are among 2025's large models.
+``alpha_t`` that can erase the state quickly. Hybrids that put one softmax layer after every
+three such layers are among 2025's large models: Qwen3-Next (Gated DeltaNet) and Kimi Linear (a
+refinement of it, Kimi Delta Attention, with latent attention as the softmax layers).
 
 Orientation of the state. Everything here stores the state as ``(D_k, D_v)``: rows indexed by key
 features, columns by value features, as Katharopoulos et al. write ``S = sum_j phi(k_j) v_j^T``,
@@ -63,6 +64,7 @@ __all__ = [
     "delta_rule_step",
     "LinearAttention",
     "DeltaNetAttention",
+    "associative_recall",
 ]
 
 FEATURE_MAPS = ("elu+1", "relu", "identity")
@@ -785,3 +787,51 @@ class DeltaNetAttention(nn.Module):
         context, state = delta_rule(q, k, v, beta, gate=gate, chunk_size=self.chunk_size, initial_state=state,
                                     return_state=True)  # (B, H, T_new, D), (B, H, D_k, D)
         return self._merge(context), state
+
+
+# -- the recall task ---------------------------------------------------------------------------------
+def associative_recall(batch_size: int, num_pairs: int, *, num_keys: int = 64, num_values: int = 64,
+                       generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of multi-query associative recall (MQAR, Arora et al., 2023, "Zoology", arXiv 2312.04927).
+
+    Each sequence lists ``num_pairs`` key-value pairs, then asks for every key again, in another
+    order; at each query the model must predict the value stored with that key::
+
+        k_1 v_1 k_2 v_2 ... k_N v_N   k_3 k_1 ... k_2
+                                      v_3 v_1 ... v_2   <- the targets at the query positions
+
+    The keys of one sequence are distinct; the values are drawn independently (two keys may
+    share a value). Softmax attention can look the key up however many pairs there are; a
+    recurrent state of fixed size has to hold all ``N`` pairs at once.
+
+    Args:
+        batch_size: sequences ``B``.
+        num_pairs: pairs ``N`` per sequence (at most ``num_keys``).
+        num_keys: key tokens, ids ``0 .. num_keys - 1``.
+        num_values: value tokens, ids ``num_keys .. num_keys + num_values - 1`` (the vocabulary has
+            ``num_keys + num_values`` tokens).
+        generator: a ``torch.Generator`` for reproducible batches (default: the global one).
+        device: where the tensors go (default: the CPU).
+
+    Returns:
+        ``(tokens, targets)``, both ``(B, 3 N)`` int64: ``targets`` holds the value at each query
+        position and ``-100`` (``F.cross_entropy``'s ``ignore_index``) everywhere else.
+    """
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("num_pairs", num_pairs)
+    check_positive_int("num_keys", num_keys)
+    check_positive_int("num_values", num_values)
+    if num_pairs > num_keys:
+        raise ValueError(f"num_pairs must be at most num_keys (the keys of a sequence are distinct), got "
+                         f"num_pairs={num_pairs} and num_keys={num_keys}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {describe(generator)}")
+    B, N = batch_size, num_pairs
+    keys = torch.rand(B, num_keys, generator=generator).argsort(dim=1)[:, :N]  # (B, N), distinct per row
+    values = torch.randint(num_keys, num_keys + num_values, (B, N), generator=generator)  # (B, N)
+    order = torch.rand(B, N, generator=generator).argsort(dim=1)  # (B, N): the order of the queries
+    pairs = torch.stack([keys, values], dim=2).reshape(B, 2 * N)  # (B, N, 2) -> (B, 2N): k_1 v_1 k_2 v_2 ...
+    tokens = torch.cat([pairs, keys.gather(1, order)], dim=1)  # (B, 3N)
+    targets = torch.full_like(tokens, -100)
+    targets[:, 2 * N:] = values.gather(1, order)  # the value of each queried key
+    return tokens.to(device), targets.to(device)

@@ -397,8 +397,27 @@ def test_modules_train():
 
 def test_exported_from_the_package():
     for name in ("linear_attention", "linear_attention_step", "delta_rule", "delta_rule_step", "LinearAttention",
-                 "DeltaNetAttention", "LinearAttentionState"):
+                 "DeltaNetAttention", "LinearAttentionState", "associative_recall"):
         assert getattr(ac, name) is getattr(__import__("attn_course.linear", fromlist=[name]), name)
+
+
+# -- the recall task ---------------------------------------------------------------------------------
+def test_associative_recall_asks_for_the_value_stored_with_each_key():
+    tokens, targets = ac.associative_recall(50, 6, num_keys=10, num_values=7, generator=torch.Generator().manual_seed(0))
+    assert tokens.shape == targets.shape == (50, 18) and tokens.dtype == torch.int64
+    for row, target in zip(tokens.tolist(), targets.tolist()):
+        keys, values, queries = row[0:12:2], row[1:12:2], row[12:]
+        assert len(set(keys)) == 6 and all(0 <= key < 10 for key in keys)
+        assert all(10 <= value < 17 for value in values)
+        assert sorted(queries) == sorted(keys) and target[:12] == [-100] * 12
+        stored = dict(zip(keys, values))
+        assert target[12:] == [stored[query] for query in queries]
+    again, _ = ac.associative_recall(50, 6, num_keys=10, num_values=7, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again, tokens)
+    with pytest.raises(ValueError, match="num_pairs must be at most num_keys"):
+        ac.associative_recall(2, 11, num_keys=10)
+    with pytest.raises(TypeError, match="generator"):
+        ac.associative_recall(2, 3, generator=0)
 
 
 # -- bad arguments -----------------------------------------------------------------------------------
