@@ -61,7 +61,6 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-from matplotlib.colors import ListedColormap, to_rgb
 
 __all__ = [
     "PALETTE", "HEAD_COLOURS", "MASK_COLOURS", "WEIGHT_CMAP", "CELL", "CAP", "MAX_WIDTH",
@@ -95,7 +94,8 @@ PALETTE: dict[str, str] = {
 HEAD_COLOURS: tuple[str, ...] = ("#332288", "#882255", "#DDCC77", "#88CCEE", "#999933", "#CC6677", "#44AA99",
                                  "#AA4499")
 # Masks everywhere (diagrams, plot_mask, chapter heatmaps): 0 / False = blocked, 1 / True = may attend.
-MASK_COLOURS = ListedColormap([PALETTE["mask_blocked"], PALETTE["mask_allowed"]], name="attn_mask")
+# MASK_COLOURS: a matplotlib ListedColormap [blocked, allowed], built on first use (module __getattr__
+# below) so that importing attn_course does not import matplotlib.
 WEIGHT_CMAP = "viridis"  # attention weights, in the heatmaps and in the diagrams
 CELL = 0.12  # inches per cell of a tensor
 CAP = 12     # cells drawn to scale; longer axes grow like log2 beyond this
@@ -107,8 +107,24 @@ MUTED = "#555555"  # shapes and secondary labels (contrast 7.5 on white)
 _NAME_PT, _OP_PT, _SMALL_PT = 10.5, 9.5, 8.5
 
 
+def __getattr__(name):
+    if name == "MASK_COLOURS":  # built once, on first use
+        from matplotlib.colors import ListedColormap
+
+        globals()[name] = ListedColormap([PALETTE["mask_blocked"], PALETTE["mask_allowed"]], name="attn_mask")
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _rgb(colour) -> tuple:
+    """A matplotlib colour (name, hex, tuple) as an (r, g, b) tuple of floats in [0, 1]."""
+    from matplotlib.colors import to_rgb
+
+    return to_rgb(colour)
+
+
 def _luminance(colour) -> float:
-    rgb = np.array(to_rgb(colour))
+    rgb = np.array(_rgb(colour))
     linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
     return float(linear @ np.array([0.2126, 0.7152, 0.0722]))
 
@@ -125,7 +141,7 @@ def text_colour(background) -> str:
 
 
 def _edge(colour) -> tuple:
-    return tuple(0.55 * c for c in to_rgb(colour))  # a darker shade of the fill
+    return tuple(0.55 * c for c in _rgb(colour))  # a darker shade of the fill
 
 
 def _role(role: str) -> str:
@@ -898,7 +914,7 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
 def _bias_cells(rows: int, cols: int) -> np.ndarray:
     """ALiBi's bias at the drawn resolution: the position colour, darker the farther the key (more negative)."""
     distance = np.abs(np.arange(rows)[:, None] - np.arange(cols)[None, :])
-    base = np.array(to_rgb(PALETTE["position"]))
+    base = np.array(_rgb(PALETTE["position"]))
     cells = np.empty((rows, cols), dtype=object)
     for (i, j), dist in np.ndenumerate(distance):
         fade = 0.85 * dist / max(1, distance.max())
@@ -908,7 +924,7 @@ def _bias_cells(rows: int, cols: int) -> np.ndarray:
 
 def head_colour(h: int, tint: float = 0.0) -> tuple:
     """Head ``h``'s colour (:data:`HEAD_COLOURS`, cycling), mixed with ``tint`` parts of white (0 to 1)."""
-    base = np.array(to_rgb(HEAD_COLOURS[h % len(HEAD_COLOURS)]))
+    base = np.array(_rgb(HEAD_COLOURS[h % len(HEAD_COLOURS)]))
     return tuple(base + (1 - base) * tint)
 
 
@@ -1153,7 +1169,7 @@ def _wave_cells(rows: int, cols: int, kind: str) -> np.ndarray:
         values = np.where(i % 2 == 0, np.sin(pos * freq), np.cos(pos * freq))
     else:
         values = np.random.default_rng(1).uniform(-1, 1, (r, c))
-    base = np.array(to_rgb(PALETTE["position"]))
+    base = np.array(_rgb(PALETTE["position"]))
     dark = np.array([0.55, 0.25, 0.12])
     cells = np.empty((r, c), dtype=object)
     for (a, b), v in np.ndenumerate(values):

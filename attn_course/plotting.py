@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .diagrams import MASK_COLOURS, WEIGHT_CMAP
+from .diagrams import WEIGHT_CMAP
 
 __all__ = ["plot_attention", "plot_attention_grid", "plot_mask"]
 
@@ -166,6 +166,8 @@ def plot_mask(allowed, query_labels: Sequence[str] | None = None, key_labels: Se
         The matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
+
+    from .diagrams import MASK_COLOURS
 
     mask = torch.as_tensor(allowed).detach().cpu()
     if mask.dtype != torch.bool:
