@@ -111,11 +111,17 @@ def test_the_checker_sees_circles_and_resolves_relative_imports():
 def test_the_package_has_no_import_circle():
     cycle = _find_cycle(GRAPH)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+    everything = {name: GRAPH[name] | {target for _, target in _imports(name)[1]} for name in MODULES}
+    cycle = _find_cycle(everything)  # counting the imports inside functions too
+    assert cycle is None, "import circle through an import inside a function: " + " -> ".join(cycle)
 
 
 def test_no_module_imports_a_package_module_inside_a_function():
+    """An import inside a function hides a dependency (the usual way to dodge a circle). One of a
+    module already imported at the top hides nothing (it reads an attribute late, e.g. one built
+    lazily), so it is allowed."""
     hidden = [f"{MODULES[name].relative_to(PACKAGE_DIR.parent)}:{line} imports {target}"
-              for name in MODULES for line, target in _imports(name)[1]]
+              for name in MODULES for line, target in _imports(name)[1] if target not in GRAPH[name]]
     assert not hidden, "imports inside functions (move them to the top; if that makes a circle, move code down):\n" + "\n".join(hidden)
 
 
