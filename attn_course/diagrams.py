@@ -682,7 +682,7 @@ def _mask_grid(kind, L: int, S: int, window: int | None, padding: int):
     rows, cols = min(L, CAP), min(S, CAP)
     i = np.arange(rows)[:, None] * (L / rows)
     j = np.arange(cols)[None, :] * (S / cols)
-    offset = S - L  # a query at position i sees keys up to i + (S - L) (the last query sees every key)
+    offset = 0  # query i sees keys 0..i, as causal_mask's default align="top_left" (else pass an array)
     if isinstance(kind, str):
         parts = kind.split("+")
         allowed = np.ones((rows, cols), dtype=bool)
@@ -1564,7 +1564,8 @@ def grouped_heads(H: int = 8, groups: Sequence[int] = (8, 2, 1)):
                 kb, colour = kvs[h // span]
                 d.arrow(qb.bottom, kb.top, head=False, colour=colour)
             words.append(f"G = {g} ({title}): " + ("each query head has its own key/value head" if g == H else
-                                                   f"each key/value head serves {span} query heads"))
+                                                   f"one key/value head serves all {H} query heads" if g == 1
+                                                   else f"each key/value head serves {span} query heads"))
             x += width + 0.4
         d.text(-0.1, 0.3, "query\nheads", ha="right")
         d.text(-0.1, 0.95 + 0.3 * box, "key/value\nheads", ha="right")

@@ -167,6 +167,28 @@ def test_weights_are_shaded_like_the_heatmaps_and_masks_in_the_mask_colours():
     plt.close(fig)
 
 
+def _grid(cells):
+    """The drawn cells as a boolean grid: True where the cell has the mask's "may attend" colour."""
+    xs, ys = sorted({round(c.get_x(), 6) for c in cells}), sorted({round(c.get_y(), 6) for c in cells})
+    grid = np.zeros((len(ys), len(xs)), dtype=bool)
+    for c in cells:
+        grid[ys.index(round(c.get_y(), 6)), xs.index(round(c.get_x(), 6))] = (
+            to_hex(c.get_facecolor()) == dg.PALETTE["mask_allowed"].lower())
+    return grid
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(L=4, S=6, mask="causal"), lambda: ac.causal_mask(4, 6)),
+    (dict(L=6, mask="sliding", window=3), lambda: ac.sliding_window_mask(6, 3)),
+    (dict(L=5, S=5, mask="causal+padding", padding=2),
+     lambda: ac.combine_masks(ac.causal_mask(5), padding=torch.tensor([[1, 1, 1, 0, 0]], dtype=torch.bool))[0]),
+])
+def test_the_drawn_mask_is_the_packages_mask(kwargs, expected):
+    fig = dg.attention_flow(D=2, projections=False, **kwargs)
+    assert np.array_equal(_grid(patches(fig, "cell:mask_allowed:M")), expected().numpy())
+    plt.close(fig)
+
+
 def test_the_heatmaps_use_the_same_colours():
     fig = ac.plot_attention(torch.softmax(torch.randn(3, 3), dim=-1))
     assert fig.axes[0].images[0].get_cmap().name == dg.WEIGHT_CMAP
