@@ -1,12 +1,15 @@
 """Chapter 01: encoder-decoder RNNs, without attention and with Bahdanau or Luong attention.
 
-An encoder GRU reads the source tokens ``x_1 .. x_S`` into states ``h_1 .. h_S``; a decoder GRU
-writes the target one token at a time. The three decoders differ only in what they know about the
-source at step ``i``:
+Positions count from 0, as in chapter 01 (the papers count from 1). An encoder GRU reads the source
+tokens ``x_0 .. x_{S-1}`` into states ``h_0 .. h_{S-1}``; a decoder GRU writes the target ``y_0 ..
+y_{T-1}`` one token at a time, starting from the state ``s_{-1} = c`` (the encoder's summary) and the
+begin-of-sequence token ``y_{-1}``. The three decoders differ only in what they know about the source
+at step ``i``:
 
-- ``"none"`` (Cho et al., 2014): one fixed summary ``c = h_S`` for every step, the bottleneck;
+- ``"none"`` (Cho et al., 2014): one fixed summary ``c`` for every step, the bottleneck;
 - ``"additive"`` (Bahdanau et al., 2015): a fresh context ``c_i`` from additive attention, with the
-  *previous* decoder state ``s_{i-1}`` as the query, fed into the GRU that makes ``s_i``;
+  *previous* decoder state ``s_{i-1}`` as the query, fed into the GRU that makes ``s_i``
+  (``token_in_query=True``: the query is ``[s_{i-1}; y_{i-1}]``, chapter 01's exercise 4);
 - ``"dot"`` (Luong et al., 2015): the GRU makes ``s_i`` first, then ``s_i`` queries the encoder
   states with a dot product, and ``tanh(W_c [c_i; s_i])`` makes the prediction.
 
@@ -77,8 +80,8 @@ def _check_padding_mask(mask, source) -> None:
 class GRUEncoder(nn.Module):
     """Embed the source tokens and read them with a GRU, in one direction or in both.
 
-    One direction: ``h_j = GRU(x_j, h_{j-1})`` with ``h_0 = 0``, so ``h_j`` summarises
-    ``x_1 .. x_j``. Both directions (as Bahdanau et al.): a forward GRU and a backward GRU, each
+    One direction: ``h_j = GRU(x_j, h_{j-1})`` with ``h_{-1} = 0``, so ``h_j`` summarises
+    ``x_0 .. x_j``. Both directions (as Bahdanau et al.): a forward GRU and a backward GRU, each
     ``hidden_dim // 2`` wide, and ``h_j = [h_j^fwd; h_j^bwd]`` summarises the whole source with
     the focus on ``x_j``.
 
@@ -142,16 +145,19 @@ class AttentionDecoder(nn.Module):
     """A GRU decoder that sees the source through a fixed vector or through attention.
 
     With ``y_{i-1}`` the embedded previous target token (``E``), ``s_i`` the decoder state
-    (``D``) and ``h_1 .. h_S`` the encoder states (``(S, D)``), one step is:
+    (``D``) and ``h_0 .. h_{S-1}`` the encoder states (``(S, D)``), step ``i`` (from 0) is:
 
-    - ``"none"``: ``s_i = GRU([y_{i-1}; c], s_{i-1})`` with ``c = h_S``;
+    - ``"none"``: ``s_i = GRU([y_{i-1}; c], s_{i-1})`` with ``c`` the encoder's summary;
       ``logits_i = W_o [s_i; c]``.
     - ``"additive"`` (Bahdanau): ``e_ij = v^T tanh(W s_{i-1} + U h_j)``, ``a_i = softmax_j(e_i)``,
       ``c_i = sum_j a_ij h_j``; ``s_i = GRU([y_{i-1}; c_i], s_{i-1})``; ``logits_i = W_o [s_i; c_i]``.
+      With ``token_in_query=True`` the query is ``[s_{i-1}; y_{i-1}]`` (width ``D + E``) instead of
+      ``s_{i-1}``: ``e_ij = v^T tanh(W [s_{i-1}; y_{i-1}] + U h_j)``.
     - ``"dot"`` (Luong): ``s_i = GRU(y_{i-1}, s_{i-1})``; ``e_ij = s_i . h_j``, ``a_i = softmax_j(e_i)``,
       ``c_i = sum_j a_ij h_j``; ``t_i = tanh(W_c [c_i; s_i])``; ``logits_i = W_o t_i``.
 
-    In every case ``s_0 = h_S``, the encoder's final state. (The papers' output layers differ in
+    In every case the first state is ``s_{-1} = c``, the encoder's summary (``encoder_final``), and
+    the first input ``y_{-1}`` is the begin-of-sequence token. (The papers' output layers differ in
     details, a maxout layer in Bahdanau's; a linear layer keeps the three comparable.)
 
     Args:
@@ -161,17 +167,19 @@ class AttentionDecoder(nn.Module):
         attention: ``"none"``, ``"additive"`` or ``"dot"``.
         attention_dim: hidden width of the additive scoring network (default ``hidden_dim``);
             only for ``"additive"``.
+        token_in_query: only for ``"additive"``: the scoring network's query is the previous state
+            and the embedded previous token, ``[s_{i-1}; y_{i-1}]``, instead of ``s_{i-1}`` alone.
 
     Shape:
-        - decoder_inputs: ``(B, T)`` token ids ``y_0 .. y_{T-1}`` (teacher forcing: the target
-          shifted right, starting with a begin-of-sequence token; see :func:`shift_right`)
+        - decoder_inputs: ``(B, T)`` token ids ``y_{-1} .. y_{T-2}`` (teacher forcing: the target
+          shifted right, starting with the begin-of-sequence token ``y_{-1}``; see :func:`shift_right`)
         - encoder_states: ``(B, S, D)``; encoder_final: ``(B, D)``
         - source_padding_mask: ``(B, S)`` bool, **True at padding**
         - logits: ``(B, T, V)``; weights: ``(B, T, S)``, or None for ``"none"``
     """
 
     def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, attention: str = "additive",
-                 attention_dim: int | None = None) -> None:
+                 attention_dim: int | None = None, token_in_query: bool = False) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("hidden_dim", hidden_dim)):
             check_positive_int(name, value)
@@ -181,8 +189,12 @@ class AttentionDecoder(nn.Module):
             check_positive_int("attention_dim", attention_dim)
             if attention != "additive":
                 raise ValueError(f"attention_dim is only used by attention='additive', got attention={attention!r}")
+        check_bool("token_in_query", token_in_query)
+        if token_in_query and attention != "additive":
+            raise ValueError(f"token_in_query is only used by attention='additive', got attention={attention!r}")
         self.vocab_size, self.embed_dim, self.hidden_dim = vocab_size, embed_dim, hidden_dim
         self.attention_kind = attention
+        self.token_in_query = token_in_query
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         if attention == "dot":
             self.cell = nn.GRUCell(embed_dim, hidden_dim)  # Luong: the context is not a GRU input
@@ -191,7 +203,8 @@ class AttentionDecoder(nn.Module):
             self.output = nn.Linear(hidden_dim, vocab_size)  # W_o t_i
         else:
             self.cell = nn.GRUCell(embed_dim + hidden_dim, hidden_dim)  # input [y_{i-1}; c_i]
-            self.attention = (AdditiveAttention(hidden_dim, hidden_dim, attention_dim or hidden_dim)
+            query_dim = hidden_dim + (embed_dim if token_in_query else 0)  # s_{i-1}, or [s_{i-1}; y_{i-1}]
+            self.attention = (AdditiveAttention(query_dim, hidden_dim, attention_dim or hidden_dim)
                               if attention == "additive" else None)
             self.output = nn.Linear(2 * hidden_dim, vocab_size)  # W_o [s_i; c_i]
 
@@ -210,7 +223,8 @@ class AttentionDecoder(nn.Module):
             return self.output(torch.cat([state, context], dim=-1)), state, None  # (B, 2D) -> (B, V)
         if self.attention_kind == "additive":
             # Bahdanau: attend with the previous state, then update the state with the context.
-            context, weights = self.attention(state, encoder_states, key_padding_mask=source_padding_mask)  # (B, D), (B, S)
+            query = torch.cat([state, embedded], dim=-1) if self.token_in_query else state  # (B, D + E) or (B, D)
+            context, weights = self.attention(query, encoder_states, key_padding_mask=source_padding_mask)  # (B, D), (B, S)
             state = self.cell(torch.cat([embedded, context], dim=-1), state)  # (B, E + D) -> (B, D)
             return self.output(torch.cat([state, context], dim=-1)), state, weights  # (B, 2D) -> (B, V)
         # Luong: update the state first, then attend with the new state.
@@ -230,7 +244,7 @@ class AttentionDecoder(nn.Module):
         if decoder_inputs.size(0) != encoder_states.size(0):
             raise ValueError(f"decoder_inputs and encoder_states must share the batch size, got "
                              f"{tuple(decoder_inputs.shape)} and {tuple(encoder_states.shape)}")
-        state = encoder_final  # s_0 = h_S, (B, D)
+        state = encoder_final  # s_{-1} = c, (B, D)
         all_logits, all_weights = [], []
         for i in range(decoder_inputs.size(1)):
             logits, state, weights = self.step(decoder_inputs[:, i], state, encoder_states, encoder_final, source_padding_mask)
@@ -245,7 +259,7 @@ class AttentionDecoder(nn.Module):
         return logits, weights
 
     def extra_repr(self) -> str:
-        return f"attention={self.attention_kind!r}"
+        return f"attention={self.attention_kind!r}" + (", token_in_query=True" if self.token_in_query else "")
 
 
 class Seq2Seq(nn.Module):
@@ -258,6 +272,8 @@ class Seq2Seq(nn.Module):
         attention: ``"none"``, ``"additive"`` (Bahdanau) or ``"dot"`` (Luong).
         attention_dim: hidden width of the additive scoring network (default ``hidden_dim``).
         bidirectional: a bidirectional encoder (each direction ``hidden_dim // 2`` wide).
+        token_in_query: only for ``"additive"``: the query is ``[s_{i-1}; y_{i-1}]`` (see
+            :class:`AttentionDecoder`).
 
     Shape:
         - source: ``(B, S)`` token ids; decoder_inputs: ``(B, T)`` token ids
@@ -272,10 +288,10 @@ class Seq2Seq(nn.Module):
     """
 
     def __init__(self, vocab_size: int, embed_dim: int = 16, hidden_dim: int = 64, attention: str = "additive",
-                 attention_dim: int | None = None, bidirectional: bool = False) -> None:
+                 attention_dim: int | None = None, bidirectional: bool = False, token_in_query: bool = False) -> None:
         super().__init__()
         self.encoder = GRUEncoder(vocab_size, embed_dim, hidden_dim, bidirectional)
-        self.decoder = AttentionDecoder(vocab_size, embed_dim, hidden_dim, attention, attention_dim)
+        self.decoder = AttentionDecoder(vocab_size, embed_dim, hidden_dim, attention, attention_dim, token_in_query)
 
     @property
     def attention_kind(self) -> str:
@@ -306,7 +322,7 @@ class Seq2Seq(nn.Module):
         encoder_states, encoder_final = self.encoder(source, source_padding_mask)  # (B, S, D), (B, D)
         B, S = source.shape
         token = torch.full((B,), bos_id, dtype=torch.long, device=source.device)  # (B,)
-        state = encoder_final
+        state = encoder_final  # s_{-1} = c
         tokens, all_weights = [], []
         for _ in range(steps):
             logits, state, weights = self.decoder.step(token, state, encoder_states, encoder_final, source_padding_mask)
@@ -325,7 +341,7 @@ def digit_task(batch_size: int, length: int, *, task: str = "reverse", generator
     """A batch of random digit strings and their translations: the same digits reversed or copied.
 
     Reversing is a small translation problem whose alignment is known exactly: output step ``i``
-    must look at source position ``S - 1 - i``.
+    must look at source position ``S - 1 - i`` (both counted from 0).
 
     Args:
         batch_size: number of strings ``B``.
@@ -349,7 +365,7 @@ def digit_task(batch_size: int, length: int, *, task: str = "reverse", generator
 
 
 def shift_right(target: torch.Tensor, bos_id: int) -> torch.Tensor:
-    """The decoder's inputs under teacher forcing: ``[BOS, y_1, ..., y_{T-1}]``.
+    """The decoder's inputs under teacher forcing: ``[BOS, y_0, ..., y_{T-2}]``.
 
     At step ``i`` the decoder sees the true previous token and must predict ``y_i``; it never sees
     ``y_i`` itself.

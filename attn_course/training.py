@@ -92,7 +92,7 @@ def fit(
         device: where to train (default: where the model's parameters are).
         max_grad_norm: clip the gradients' total norm to this value (None: no clipping).
         schedule: ``"constant"`` keeps ``lr``; ``"linear"`` lowers it in a straight line from ``lr``
-            at the first step to ``lr / steps`` at the last (short runs often end lower this way).
+            at the first step to ``lr / steps`` at the last.
         progress: show a progress bar with the running loss.
         description: the progress bar's label.
 

@@ -630,7 +630,6 @@ def _all_checks():
 # Hints that paste code today, by check. Chapter engineers: rewrite the hint in words, then delete its
 # entry here (the strict xfail fails once the hint is clean).
 PASTED_HINTS = {
-    "ch01.check_general_attention", "ch01.check_luong_attention", "ch01.check_teacher_forcing_inputs",
     "ch03.check_self_attention_by_hand", "ch03.check_softmax_jacobian", "ch03.check_self_attention_module",
     "ch03.check_cross_attention",
     "ch04.check_causal_mask", "ch04.check_masked_attention", "ch04.check_batch_mask", "ch04.check_leak_test",

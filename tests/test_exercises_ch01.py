@@ -1,10 +1,16 @@
 """The exercise checks of chapter 01: for each exercise, the right answer written more than one way and a
 table of the wrong answers students plausibly write, each rejected with a message that names the mistake."""
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from attn_course.exercises.ch01 import check_general_attention, check_luong_attention, check_teacher_forcing_inputs
+import attn_course as ac
+from attn_course.exercises.ch01 import (check_general_attention, check_luong_attention, check_teacher_forcing_inputs,
+                                        check_token_query_step)
+
+CHECKS = [check_general_attention, check_luong_attention, check_teacher_forcing_inputs, check_token_query_step]
 
 
 def scaffold(*args):
@@ -84,6 +90,48 @@ def general_weights_only(s, H, W_a):
     return general_right(s, H, W_a)[1]
 
 
+# The review's mis-diagnosis (a temperature of 2 was named "sqrt(Dk)" when Dk = 4), and the other classes.
+def general_temperature_two(s, H, W_a):
+    weights = torch.softmax(((s @ W_a)[:, None, :] * H).sum(-1) / 2, dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_dim1(s, H, W_a):  # another correct formulation: dim=1 is the last axis of (B, S)
+    weights = torch.softmax(torch.bmm(H, (s @ W_a)[:, :, None])[..., 0], dim=1)
+    return torch.bmm(weights[:, None, :], H)[:, 0], weights
+
+
+def general_float64(s, H, W_a):  # and another: computed in float64
+    return general_right(s.double(), H.double(), W_a.double())
+
+
+def general_naive_exp(s, H, W_a):  # a softmax without its max shift: overflows on scores near 100
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1)
+    weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_sdpa(s, H, W_a):
+    query = (s @ W_a)[:, None, None, :]  # (B, 1, 1, Dk)
+    context = F.scaled_dot_product_attention(query, H[:, None], H[:, None], scale=1.0)[:, 0, 0]
+    return context, general_right(s, H, W_a)[1]
+
+
+def general_package(s, H, W_a):
+    return ac.DotProductAttention()(s @ W_a, H)
+
+
+def general_in_place(s, H, W_a):  # multiplies the caller's states in place
+    scores = H.mul_((s @ W_a)[:, None, :]).sum(-1)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_three_sentences(s, H, W_a):  # the batch of the notebook written in
+    weights = torch.softmax(torch.stack([H[b] @ (s[b] @ W_a) for b in range(3)]), dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
 # --- Exercise 2 -----------------------------------------------------------------------------------
 
 def luong_right(s, H, padding_mask):
@@ -145,6 +193,49 @@ def luong_mask_after_softmax(s, H, padding_mask):
     return (weights[:, :, None] * H).sum(1), weights
 
 
+def luong_from_lengths(s, H, padding_mask):  # the review's accepted answer: assumes right padding
+    lengths = (~padding_mask).sum(-1)
+    rebuilt = torch.arange(H.size(1))[None, :] >= lengths[:, None]
+    return luong_right(s, H, rebuilt)
+
+
+def luong_minus_100(s, H, padding_mask):  # a finite fill, with the all-padding row fixed
+    weights = torch.softmax((H @ s[:, :, None])[..., 0].masked_fill(padding_mask, -100.0), dim=-1)
+    weights = weights.masked_fill(padding_mask.all(-1, keepdim=True), 0.0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_finfo_min(s, H, padding_mask):  # another correct formulation: the dtype's lowest number
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, torch.finfo(H.dtype).min)
+    weights = torch.softmax(scores, dim=-1).masked_fill(padding_mask, 0.0)
+    return torch.bmm(weights[:, None, :], H)[:, 0], weights
+
+
+def luong_float64(s, H, padding_mask):  # and another: computed in float64
+    return luong_right(s.double(), H.double(), padding_mask)
+
+
+def luong_naive_exp(s, H, padding_mask):  # a softmax without its max shift: overflows near 100
+    e = (H @ s[:, :, None])[..., 0].exp().masked_fill(padding_mask, 0.0)
+    weights = torch.nan_to_num(e / e.sum(-1, keepdim=True))
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_sdpa(s, H, padding_mask):
+    context = F.scaled_dot_product_attention(s[:, None, None, :], H[:, None], H[:, None], attn_mask=~padding_mask[:, None, None, :],
+                                             scale=1.0)[:, 0, 0]
+    return torch.nan_to_num(context), luong_right(s, H, padding_mask)[1]
+
+
+def luong_package(s, H, padding_mask):
+    return ac.DotProductAttention()(s, H, key_padding_mask=padding_mask)
+
+
+def luong_zeroes_padding_in_place(s, H, padding_mask):  # right values, but the caller's states are overwritten
+    H.masked_fill_(padding_mask[:, :, None], 0.0)
+    return luong_right(s, H, padding_mask)
+
+
 # --- Exercise 3 -----------------------------------------------------------------------------------
 
 def inputs_right(target, bos_id):
@@ -187,6 +278,109 @@ def inputs_hard_coded(target, bos_id):
     return torch.tensor([[11, 3, 1, 4], [11, 5, 9, 2]])
 
 
+def inputs_float(target, bos_id):  # the review's accepted answer: float32 ids
+    return torch.cat([torch.ones(target.size(0), 1) * bos_id, target[:, :-1]], 1)
+
+
+def inputs_in_place(target, bos_id):  # the review's accepted answer: shifts the caller's target
+    target[:, 1:] = target[:, :-1].clone()
+    target[:, 0] = bos_id
+    return target
+
+
+def inputs_package(target, bos_id):
+    return ac.shift_right(target, bos_id)
+
+
+def inputs_pad(target, bos_id):  # another correct formulation
+    return F.pad(target[:, :-1], (1, 0), value=int(bos_id))
+
+
+def inputs_new_full(target, bos_id):  # and another
+    return torch.cat([target.new_full((target.size(0), 1), bos_id), target[:, :-1]], dim=1)
+
+
+def inputs_list_of_ids(target, bos_id):  # and another: a tensor built from a list (numpy ids included)
+    return torch.cat([torch.tensor([[bos_id]] * target.size(0), dtype=target.dtype), target[:, :-1]], dim=1)
+
+
+# --- Exercise 4 -----------------------------------------------------------------------------------
+
+def token_right(decoder, previous_tokens, state, states):
+    y_prev = decoder.embedding(previous_tokens)  # (B, E)
+    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)  # query (B, D + E)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_by_hand(decoder, previous_tokens, state, states):  # another correct formulation: the score written out
+    attention = decoder.attention
+    y_prev = decoder.embedding(previous_tokens)
+    query = torch.hstack([state, y_prev])
+    hidden = torch.tanh(attention.W(query)[:, None, :] + attention.U(states))  # (B, S, A)
+    weights = torch.softmax(attention.v(hidden)[..., 0], dim=-1)  # (B, S)
+    context = torch.einsum("bs,bsd->bd", weights, states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return [decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights]
+
+
+def token_first(decoder, previous_tokens, state, states):
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = decoder.attention(torch.cat([y_prev, state], dim=-1), states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_state_only(decoder, previous_tokens, state, states):  # plain Bahdanau: the query is too narrow
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = decoder.attention(state, states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_cell_swapped(decoder, previous_tokens, state, states):
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    new_state = decoder.cell(torch.cat([context, y_prev], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_output_old_state(decoder, previous_tokens, state, states):
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([state, context], dim=-1)), new_state, weights
+
+
+def token_output_swapped(decoder, previous_tokens, state, states):
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([context, new_state], dim=-1)), new_state, weights
+
+
+def token_returns_old_state(decoder, previous_tokens, state, states):
+    logits, _, weights = token_right(decoder, previous_tokens, state, states)
+    return logits, state, weights
+
+
+def token_package_step(decoder, previous_tokens, state, states):
+    return decoder.step(previous_tokens, state, states, state)
+
+
+def token_state_in_place(decoder, previous_tokens, state, states):  # overwrites the caller's state
+    logits, new_state, weights = token_right(decoder, previous_tokens, state, states)
+    state.copy_(new_state)
+    return logits, state, weights
+
+
+def token_width_written_in(decoder, previous_tokens, state, states):  # E = 5 of the first case written in
+    y_prev = decoder.embedding(previous_tokens)[:, :5]
+    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    new_state = decoder.cell(torch.cat([decoder.embedding(previous_tokens), context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_general_attention, general_right, "correct", "widths differ"),
@@ -200,19 +394,35 @@ CASES = [
     (check_general_attention, general_broadcast, "incorrect", "broadcasts"),
     (check_general_attention, general_swapped, "incorrect", "in that order"),
     (check_general_attention, general_mean_context, "incorrect", "context"),
-    (check_general_attention, general_context_broadcast, "incorrect", "own row"),
-    (check_general_attention, general_weights_only, "incorrect", "pair"),
+    (check_general_attention, general_context_broadcast, "incorrect", "its own states"),
+    (check_general_attention, general_weights_only, "incorrect", "as a tuple"),
+    (check_general_attention, general_temperature_two, "incorrect", "values differ"),
+    (check_general_attention, general_dim1, "correct", "widths differ"),
+    (check_general_attention, general_float64, "correct", "widths differ"),
+    (check_general_attention, general_naive_exp, "incorrect", "overflows"),
+    (check_general_attention, general_sdpa, "incorrect", "you called torch.nn.functional.scaled_dot_product_attention"),
+    (check_general_attention, general_package, "incorrect", "you called attn_course.DotProductAttention"),
+    (check_general_attention, general_in_place, "incorrect", "changed its input `H` in place"),
+    (check_general_attention, general_three_sentences, "error", "called with"),
     (check_luong_attention, luong_right, "correct", "not NaN"),
     (check_luong_attention, luong_renormalised, "correct", "not NaN"),
     (check_luong_attention, luong_nan_row, "incorrect", "fully padded row"),
     (check_luong_attention, luong_inverted_mask, "incorrect", "True marks padding"),
     (check_luong_attention, luong_no_mask, "incorrect", "exactly 0"),
-    (check_luong_attention, luong_zero_fill, "incorrect", "a fill of 0"),
+    (check_luong_attention, luong_zero_fill, "incorrect", "A fill of 0"),
     (check_luong_attention, luong_large_negative, "incorrect", "-1e9"),
     (check_luong_attention, luong_wrong_axis, "incorrect", "dim=0"),
     (check_luong_attention, luong_mask_after_softmax, "incorrect", "after the softmax"),
     (check_luong_attention, luong_context_ignores_weights, "incorrect", "context"),
-    (check_luong_attention, luong_context_broadcast, "incorrect", "own row"),
+    (check_luong_attention, luong_context_broadcast, "incorrect", "its own states"),
+    (check_luong_attention, luong_from_lengths, "incorrect", "left"),
+    (check_luong_attention, luong_minus_100, "incorrect", "tiny but not 0"),
+    (check_luong_attention, luong_finfo_min, "correct", "not NaN"),
+    (check_luong_attention, luong_float64, "correct", "not NaN"),
+    (check_luong_attention, luong_naive_exp, "incorrect", "overflows"),
+    (check_luong_attention, luong_sdpa, "incorrect", "you called torch.nn.functional.scaled_dot_product_attention"),
+    (check_luong_attention, luong_package, "incorrect", "you called attn_course.DotProductAttention"),
+    (check_luong_attention, luong_zeroes_padding_in_place, "incorrect", "changed its input `H` in place"),
     (check_teacher_forcing_inputs, inputs_right, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_roll, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_identity, "incorrect", "target itself"),
@@ -222,6 +432,23 @@ CASES = [
     (check_teacher_forcing_inputs, inputs_batch_axis, "incorrect", "batch axis"),
     (check_teacher_forcing_inputs, inputs_bos_replaces_first, "incorrect", "Shift the whole target"),
     (check_teacher_forcing_inputs, inputs_hard_coded, "incorrect", "hard-coding"),
+    (check_teacher_forcing_inputs, inputs_float, "incorrect", "nn.Embedding accepts only integer ids"),
+    (check_teacher_forcing_inputs, inputs_in_place, "incorrect", "changed its input `target` in place"),
+    (check_teacher_forcing_inputs, inputs_package, "incorrect", "you called attn_course.shift_right"),
+    (check_teacher_forcing_inputs, inputs_pad, "correct", "never the token"),
+    (check_teacher_forcing_inputs, inputs_new_full, "correct", "never the token"),
+    (check_teacher_forcing_inputs, inputs_list_of_ids, "correct", "never the token"),
+    (check_token_query_step, token_right, "correct", "token_in_query=True"),
+    (check_token_query_step, token_by_hand, "correct", "token_in_query=True"),
+    (check_token_query_step, token_first, "incorrect", "you put the token first"),
+    (check_token_query_step, token_state_only, "error", "query_dim"),
+    (check_token_query_step, token_cell_swapped, "incorrect", "GRU's input"),
+    (check_token_query_step, token_output_old_state, "incorrect", "you used the old state"),
+    (check_token_query_step, token_output_swapped, "incorrect", "you swapped them"),
+    (check_token_query_step, token_returns_old_state, "incorrect", "the state you were given"),
+    (check_token_query_step, token_package_step, "incorrect", "you called attn_course.rnn.AttentionDecoder.step"),
+    (check_token_query_step, token_state_in_place, "incorrect", "changed its input `state` in place"),
+    (check_token_query_step, token_width_written_in, "error", "called with"),
 ]
 
 
@@ -235,7 +462,7 @@ def test_feedback(check, answer, status, words):
         assert "Hint:" in str(feedback)
 
 
-@pytest.mark.parametrize("check", [check_general_attention, check_luong_attention, check_teacher_forcing_inputs])
+@pytest.mark.parametrize("check", CHECKS)
 def test_scaffold_is_not_attempted_and_crashes_are_reported_without_traceback(check):
     assert check(scaffold).status == "not attempted"
     assert check(None).status == "not attempted"
@@ -243,3 +470,29 @@ def test_scaffold_is_not_attempted_and_crashes_are_reported_without_traceback(ch
     assert feedback.status == "error"
     assert "RuntimeError: shapes do not match" in str(feedback) and "Traceback" not in str(feedback)
     assert check("not a function").status == "incorrect"
+
+
+def test_a_temperature_of_two_is_not_called_a_square_root():
+    feedback = check_general_attention(general_temperature_two)
+    assert feedback.status == "incorrect" and "sqrt" not in str(feedback).split("Hint:")[0], str(feedback)
+
+
+def test_a_finite_fill_is_shown_with_its_tiny_values():
+    message = str(check_luong_attention(luong_minus_100))
+    assert "e-" in message and "[0.0," not in message, message
+
+
+def test_numpy_token_ids_are_accepted_and_the_random_state_is_left_alone():
+    assert check_teacher_forcing_inputs(lambda target, bos_id: inputs_right(target, np.int64(bos_id)))
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    for check, answer in ((check_general_attention, general_right), (check_luong_attention, luong_right),
+                          (check_teacher_forcing_inputs, inputs_right), (check_token_query_step, token_right)):
+        assert check(answer)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_GRADED", "1")
+    feedback = check_teacher_forcing_inputs(inputs_float)
+    assert feedback.status == "incorrect" and "integer" in str(feedback) and "Hint" not in str(feedback)

@@ -274,3 +274,47 @@ def test_attention_models_learn_to_reverse_short_strings(kind):
     tokens, _ = model.greedy_decode(source, 4, DIGIT_BOS)
     accuracy = (tokens == target).float().mean().item()
     assert accuracy > 0.5, f"{kind}: held-out accuracy {accuracy:.2f} after 60 steps"
+
+
+# --- chapter 01's exercise 4: Bahdanau's query with the previous token ---------------------------------
+
+def test_token_in_query_scores_with_the_previous_state_and_token():
+    torch.manual_seed(0)
+    model = Seq2Seq(DIGIT_VOCAB_SIZE, embed_dim=5, hidden_dim=12, attention="additive", attention_dim=7,
+                    bidirectional=True, token_in_query=True)
+    decoder = model.decoder
+    assert decoder.attention.query_dim == 12 + 5 and "token_in_query=True" in repr(decoder)
+    source, target = digit_task(3, 6, generator=torch.Generator().manual_seed(8))
+    states, final = model.encoder(source)
+    tokens = torch.tensor([DIGIT_BOS, 3, 7])
+    # The step written from the formula: e_ij = v^T tanh(W [s_{i-1}; y_{i-1}] + U h_j).
+    y = decoder.embedding(tokens)  # (B, E)
+    attention = decoder.attention
+    query = torch.cat([final, y], dim=-1)  # (B, D + E)
+    hidden = torch.tanh((query @ attention.W.weight.T)[:, None, :] + states @ attention.U.weight.T)  # (B, S, A)
+    scores = hidden @ attention.v.weight[0]  # (B, S)
+    weights = torch.softmax(scores, dim=-1)
+    context = (weights[:, :, None] * states).sum(1)  # (B, D)
+    state = decoder.cell(torch.cat([y, context], dim=-1), final)
+    logits = decoder.output(torch.cat([state, context], dim=-1))
+    got_logits, got_state, got_weights = decoder.step(tokens, final, states, final)
+    torch.testing.assert_close(got_weights, weights)
+    torch.testing.assert_close(got_state, state)
+    torch.testing.assert_close(got_logits, logits)
+    # The token matters now: the same state with another previous token gives other weights.
+    _, _, other_weights = decoder.step(torch.tensor([1, 2, 9]), final, states, final)
+    assert not torch.allclose(other_weights, got_weights)
+    # Teacher forcing and greedy decoding run the same step.
+    inputs = shift_right(target, DIGIT_BOS)
+    logits_all, _ = model(source, inputs)
+    torch.testing.assert_close(logits_all[:, 0], decoder.step(inputs[:, 0], final, states, final)[0])
+    decoded, decoded_weights = model.greedy_decode(source, 6, DIGIT_BOS)
+    assert decoded.shape == (3, 6) and decoded_weights.shape == (3, 6, 6)
+
+
+def test_token_in_query_is_only_for_additive_attention():
+    with pytest.raises(ValueError, match="token_in_query.*'dot'"):
+        AttentionDecoder(12, 5, 8, attention="dot", token_in_query=True)
+    with pytest.raises(TypeError, match="token_in_query.*'yes'"):
+        AttentionDecoder(12, 5, 8, attention="additive", token_in_query="yes")
+    assert "token_in_query" not in repr(AttentionDecoder(12, 5, 8, attention="additive"))
