@@ -15,10 +15,12 @@ from attn_course.exercises.ch02 import (
     check_attention_without_self,
     check_batched_self_attention,
     check_cosine_self_attention,
+    check_shuffled_attention,
     check_stable_softmax,
 )
 
-CHECKS = [check_stable_softmax, check_batched_self_attention, check_attention_without_self, check_cosine_self_attention]
+CHECKS = [check_stable_softmax, check_batched_self_attention, check_attention_without_self, check_cosine_self_attention,
+          check_shuffled_attention]
 
 
 def scaffold(*args):
@@ -410,6 +412,62 @@ def cosine_squared_norm(x, temperature):
     return w @ x, w
 
 
+# --- Exercise 5: shuffle the words ------------------------------------------------------------------
+
+def shuffled_right(context, weights, order):
+    return context[order], weights[order][:, order]
+
+
+def shuffled_permutation_matrix(context, weights, order):  # another correct formulation
+    P = torch.eye(weights.size(0), dtype=weights.dtype)[torch.as_tensor(order)]  # (T, T): row k picks token order[k]
+    return P @ context, P @ weights @ P.T
+
+
+def shuffled_index_select(context, weights, order):  # and another
+    index = torch.as_tensor(order, dtype=torch.long)
+    return context.index_select(0, index), weights.index_select(0, index).index_select(1, index)
+
+
+def shuffled_rows_only(context, weights, order):
+    return context[order], weights[order]
+
+
+def shuffled_columns_only(context, weights, order):
+    return context[order], weights[:, order]
+
+
+def shuffled_inverse(context, weights, order):
+    inverse = torch.argsort(torch.as_tensor(order))
+    return context[inverse], weights[inverse][:, inverse]
+
+
+def shuffled_unchanged(context, weights, order):
+    return context, weights
+
+
+def shuffled_context_inverse(context, weights, order):
+    return context[torch.argsort(torch.as_tensor(order))], weights[order][:, order]
+
+
+def shuffled_swapped(context, weights, order):
+    return weights[order][:, order], context[order]
+
+
+def shuffled_in_place(context, weights, order):  # right values, written over the caller's tensors
+    weights[:] = weights[order][:, order]
+    context[:] = context[order]
+    return context, weights
+
+
+def shuffled_T_written_in(context, weights, order):
+    index = torch.as_tensor(order)[:5]
+    return context[index], weights[index][:, index]
+
+
+def shuffled_package(context, weights, order):  # recomputes attention from the context vectors: not the same thing
+    return ac.simple_self_attention(context[order])
+
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_stable_softmax, softmax_right, "correct", "any shape"),
@@ -483,6 +541,18 @@ CASES = [
     (check_cosine_self_attention, cosine_squared_norm, "incorrect", "values differ"),
     (check_cosine_self_attention, cosine_loose_epsilon, "incorrect", "values differ"),
     (check_cosine_self_attention, cosine_normalises_in_place, "incorrect", "changed its input `x` in place"),
+    (check_shuffled_attention, shuffled_right, "correct", "does not see word order"),
+    (check_shuffled_attention, shuffled_permutation_matrix, "correct", "does not see word order"),
+    (check_shuffled_attention, shuffled_index_select, "correct", "does not see word order"),
+    (check_shuffled_attention, shuffled_rows_only, "incorrect", "but not the columns"),
+    (check_shuffled_attention, shuffled_columns_only, "incorrect", "but not the rows"),
+    (check_shuffled_attention, shuffled_inverse, "incorrect", "inverse of the order"),
+    (check_shuffled_attention, shuffled_unchanged, "incorrect", "before shuffling"),
+    (check_shuffled_attention, shuffled_context_inverse, "incorrect", "inverse of the order"),
+    (check_shuffled_attention, shuffled_swapped, "incorrect", "in that order"),
+    (check_shuffled_attention, shuffled_in_place, "incorrect", "in place"),
+    (check_shuffled_attention, shuffled_T_written_in, "incorrect", "T=7"),
+    (check_shuffled_attention, shuffled_package, "incorrect", "you called attn_course.simple_self_attention"),
 ]
 
 
@@ -522,7 +592,8 @@ def test_the_notebooks_random_state_is_left_alone():
     torch.manual_seed(0)
     state = torch.get_rng_state()
     for check, answer in ((check_stable_softmax, softmax_right), (check_batched_self_attention, batched_right),
-                          (check_attention_without_self, without_self_right), (check_cosine_self_attention, cosine_right)):
+                          (check_attention_without_self, without_self_right), (check_cosine_self_attention, cosine_right),
+                          (check_shuffled_attention, shuffled_right)):
         assert check(answer)
     assert torch.equal(torch.get_rng_state(), state)
 

@@ -5,11 +5,13 @@ names the mistake when it recognises one; the table of those mistakes is in
 tests/test_exercises_ch02.py. They use the shared mechanism of ``attn_course.exercises``: library
 softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``), the package's and torch's
 attention in exercise 2, inputs watched for changes in place, sizes unlike the notebook's
-(``other_sizes``) and scores near +-100 in float32 (``large_scores``).
+(``other_sizes``) and scores near +-100 in float32 (``large_scores``); in exercise 5, orders given as a
+tensor, a list or a numpy array of integers.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..simple import simple_self_attention
@@ -21,6 +23,7 @@ __all__ = [
     "check_batched_self_attention",
     "check_attention_without_self",
     "check_cosine_self_attention",
+    "check_shuffled_attention",
 ]
 
 
@@ -307,3 +310,71 @@ def check_cosine_self_attention(cosine_self_attention) -> str:
         expect_close(got[1], expected_weights, what=f"weights for x of shape {shape} at temperature 2.0")
         expect_close(got[0], expected_context, what=f"context for x of shape {shape} at temperature 2.0")
     return "your weights depend only on the directions of the vectors, for any temperature and any batch."
+
+
+def _shuffled(x: torch.Tensor, order: torch.Tensor):
+    """Reference: simple self-attention of the shuffled sentence x[order], computed afresh."""
+    return simple_self_attention(x[order])
+
+
+@exercise(
+    "Exercise 5, shuffle the words",
+    hint="token k of the shuffled sentence is the old token number order[k]; a row of the weights belongs to a "
+         "query and a column to a key, and both are tokens, so both axes are reordered by order (not by its "
+         "inverse); the context vectors have one row per token",
+    forbid=("sdpa",),
+)
+def check_shuffled_attention(shuffled_attention) -> str:
+    generator = rng(6)
+    T, E = 5, 3
+    x = randn(T, E, generator=generator, scale=1.5)
+    context, weights = simple_self_attention(x)
+    order = torch.tensor([3, 0, 4, 1, 2])  # not its own inverse, so that order and its inverse differ
+    inverse = torch.argsort(order)
+    what = "shuffled_attention(context, weights, order) for a sentence of T=5 tokens and order [3, 0, 4, 1, 2]"
+    got = _pair(call(shuffled_attention, context, weights, order), what)
+    expected_context, expected_weights = _shuffled(x, order)
+    if isinstance(got[1], torch.Tensor) and tuple(got[1].shape) == (T, E) and \
+            isinstance(got[0], torch.Tensor) and tuple(got[0].shape) == (T, T):
+        raise Mismatch("return (context, weights) in that order: context is (T, E), weights (T, T)")
+    new_weights = expect_tensor(got[1], what=f"weights of {what}", shape=(T, T), dtype="float")
+    w = new_weights.detach().double()
+    candidates = {
+        "you reordered the rows (the queries) but not the columns (the keys): a column belongs to a token too, "
+        "and the keys were shuffled with the queries": weights[order],
+        "you reordered the columns (the keys) but not the rows (the queries)": weights[:, order],
+        "you used the inverse of the order: token k of the shuffled sentence is the old token order[k], so "
+        "its row is the old row order[k]": weights[inverse][:, inverse],
+        "these are the weights of the sentence before shuffling: shuffling the tokens moves their rows and "
+        "columns": weights,
+    }
+    if not torch.allclose(w, expected_weights.double(), atol=1e-6):
+        for mistake, wrong in candidates.items():
+            if torch.allclose(w, wrong.double(), atol=1e-6):
+                raise Mismatch(f"weights of {what}: {mistake}")
+    expect_close(new_weights, expected_weights, what=f"weights of {what}")
+    new_context = expect_tensor(got[0], what=f"context of {what}", shape=(T, E), dtype="float")
+    c = new_context.detach().double()
+    if torch.allclose(c, context[inverse].double(), atol=1e-6):
+        raise Mismatch(f"context of {what}: you used the inverse of the order: token k of the shuffled sentence is "
+                       "the old token order[k]")
+    if torch.allclose(c, context.double(), atol=1e-6):
+        raise Mismatch(f"context of {what}: these are the context vectors of the sentence before shuffling; each "
+                       "token keeps its context vector, but the tokens move")
+    expect_close(new_context, expected_context, what=f"context of {what}")
+    # Other lengths and widths (one token, two tokens, the reversed order, an order that changes nothing),
+    # and orders given as a list or a numpy array of integers.
+    cases = [(1, 4, torch.tensor([0])), (2, 3, [1, 0]), (7, 5, np.array([6, 5, 4, 3, 2, 1, 0])),
+             (4, 2, torch.arange(4)), (6, 4, torch.randperm(6, generator=generator))]
+    for T, E, order in cases:
+        x = randn(T, E, generator=generator)
+        context, weights = simple_self_attention(x)
+        index = torch.as_tensor(np.asarray(order), dtype=torch.long)
+        shown = f"shuffled_attention(context, weights, order) for T={T}, E={E} and order {index.tolist()} " \
+                f"(given as a {type(order).__name__})"
+        got = _pair(call(shuffled_attention, context, weights, order), shown)
+        expected_context, expected_weights = _shuffled(x, index)
+        expect_close(got[1], expected_weights, what=f"weights of {shown}")
+        expect_close(got[0], expected_context, what=f"context of {shown}")
+    return ("the shuffled sentence's weights are the old ones with rows and columns reordered, and its context "
+            "vectors the old ones reordered: simple self-attention does not see word order.")
