@@ -630,8 +630,6 @@ def _all_checks():
 # Hints that paste code today, by check. Chapter engineers: rewrite the hint in words, then delete its
 # entry here (the strict xfail fails once the hint is clean).
 PASTED_HINTS = {
-    "ch03.check_self_attention_by_hand", "ch03.check_softmax_jacobian", "ch03.check_self_attention_module",
-    "ch03.check_cross_attention",
     "ch04.check_causal_mask", "ch04.check_masked_attention", "ch04.check_batch_mask", "ch04.check_leak_test",
     "ch04.check_sliding_window_mask",
     "ch05.check_split_heads", "ch05.check_merge_heads", "ch05.check_split_fused_qkv", "ch05.check_cross_attention",
