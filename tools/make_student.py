@@ -99,6 +99,8 @@ FRESH_CHECK = '_feedback = importlib.reload(importlib.import_module("attn_course
 # none. Each rule rewrites one phrasing; tests/test_student.py fails while any markdown cell of a
 # student version still says "solution", so a new phrasing needs a rule here (or other words).
 STUDENT_PROSE = [
+    (r"(a\s+cell\s+for\s+your\s+answer),?\s+(?:then\s+)?(a\s+check\s+that\s+[^.,]*?wrong(?:,\s+if\s+anything)?),?\s+"
+     r"(?:and\s+)?(?:then\s+)?a\s+collapsed\s+solution(?:\s+after\s+it)?\s*\(try\s+first!\)", r"\1 and \2"),
     (r",?\s+(?:and\s+)?(?:then\s+)?a\s+collapsed\s+solution(?:\s+after\s+it)?\s*\(try\s+first!\)", ""),
     (r"a\s+collapsed\s+solution,\s+", ""),
     (r"In\s+the\s+student\s+version\s+the\s+solutions\s+are\s+removed\s+and\s+the\s+checks\s+say", "The checks say"),
