@@ -759,7 +759,8 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
         L: queries. D: width of queries and keys. S: keys (default L). E: width of X (default D).
         Dv: width of values (default D). heads: draw every tensor as a stack of this many heads.
         batch: add a batch axis B to the shapes (not drawn).
-        projections: start from X and the three projections W_Q, W_K, W_V (else from Q, K, V).
+        projections: start from X and the three projections W_Q, W_K, W_V (else from Q, K, V);
+            self-attention only (S = L).
         simple: chapter 02's simple self-attention, softmax(X Xᵀ) X: no projections, no scale.
         scale: divide the scores by √D.
         mask: None, "causal", "padding", "sliding", "causal+padding", or an (L, S) boolean array
@@ -782,6 +783,9 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
     H = None if heads is None else _size(heads, "heads")
     if bias not in (None, "alibi"):
         raise ValueError(f"bias must be None or 'alibi', got {bias!r}")
+    if projections and not simple and S != L:
+        raise ValueError(f"projections draw self-attention from one X, so S must equal L (got S={S}, L={L}); "
+                         "for keys of another length pass projections=False")
     if simple:
         projections, scale, D = False, False, E
     Dv = D if Dv is None else _size(Dv, "Dv")
