@@ -72,7 +72,7 @@ def test_right_answers_pass():
 
 
 def test_equivalent_right_answers_pass():
-    assert check_causal_mask(lambda T: torch.ones(T, T).tril().bool())
+    assert check_causal_mask(lambda T: torch.arange(T).unsqueeze(1) >= torch.arange(T).unsqueeze(0))
     assert check_masked_attention(masked_attention_where)
     assert check_masked_attention(lambda q, k, v, m: masked_attention(q, k, v, m, fill=torch.finfo(q.dtype).min))
     assert check_leak_test(lambda attention, x: torch.tensor(leaks_future(attention, x)))
@@ -88,10 +88,10 @@ def test_equivalent_right_answers_pass():
         (lambda T: causal_by_hand(T) & ~torch.eye(T, dtype=torch.bool), "diagonal is missing"),
         (lambda T: causal_by_hand(T).float(), "must return a bool tensor"),
         (lambda T: causal_by_hand(T)[:, :-1], "expected shape"),
-        (lambda T: torch.ones(T, T, dtype=torch.bool), "should be"),
+        (lambda T: torch.ones(T, T, dtype=torch.bool), "nothing is masked"),
         (lambda T: torch.zeros(T, T, dtype=torch.bool), "should be"),
         (lambda T: causal_by_hand(T) if T > 1 else torch.zeros(1, 1, dtype=torch.bool), "T = 1"),
-        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(1), "off by one"),
+        (lambda T: torch.arange(T)[None, :] <= torch.arange(T)[:, None] + 1, "off by one"),
     ],
 )
 def test_causal_mask_wrong_answers(answer, text):
@@ -107,7 +107,7 @@ def test_causal_mask_wrong_answers(answer, text):
         (lambda q, k, v, m: masked_attention(q, k, v, m, fill=-1e9, zero_empty=False), "finite fill"),
         (lambda q, k, v, m: masked_attention(q, k, v, ~m), "exactly 0"),
         (lambda q, k, v, m: masked_attention(q, k, v, m, scale=False), "not scaled"),
-        (lambda q, k, v, m: masked_attention(q, k, v, m)[1], "pair"),
+        (lambda q, k, v, m: masked_attention(q, k, v, m)[1], "return (output, weights)"),
         (lambda q, k, v, m: (masked_attention(q, k, v, m)[1] @ (2 * v), masked_attention(q, k, v, m)[1]), "values differ"),
         (lambda q, k, v, m: (torch.full((4, 8), float("nan")), masked_attention(q, k, v, m)[1]), "output contains NaN"),
         # Zero the blocked weights after the softmax, without renormalising: rows no longer sum to one.
@@ -153,10 +153,15 @@ def test_batch_mask_wrong_broadcast_is_caught_even_when_it_runs():
     assert feedback.status in ("incorrect", "error")
 
 
-def _leak_test(*, start=None, compare=lambda out, t: out[:, : t + 1], tolerance=None, perturb_earlier=False):
-    """A leak test built from one of the ways students write it; the defaults give the right one."""
+def _leak_test(*, start=None, compare=lambda out, t: out[:, : t + 1], tolerance=None, rtol=1e-5, perturb_earlier=False):
+    """A leak test built from one of the ways students write it; the defaults give the right one.
+    ``tolerance="default"`` is torch.allclose with its default tolerances."""
     def same(a, b):
-        return torch.equal(a, b) if tolerance is None else torch.allclose(a, b, atol=tolerance)
+        if tolerance is None:
+            return torch.equal(a, b)
+        if tolerance == "default":
+            return torch.allclose(a, b)
+        return torch.allclose(a, b, atol=tolerance, rtol=rtol)
 
     def leaks_future(model, x):
         T = x.size(1)
@@ -188,7 +193,7 @@ def test_leak_test_alternatives_pass():
     for answer in (
         leaks_one_token_at_a_time,
         _leak_test(compare=lambda out, t: out[:, t]),                 # only output t itself, for every t
-        _leak_test(tolerance=1e-6),                                    # allclose with a tolerance far below the leak
+        _leak_test(tolerance=1e-9, rtol=0.0),                          # allclose with a tolerance far below the leak
         lambda model, x: torch.tensor(_leak_test()(model, x)),         # a 0-d bool tensor
     ):
         feedback = check_leak_test(answer)
@@ -205,7 +210,7 @@ LEAK_TEST_WRONG_ANSWERS = [
     (_leak_test(start=0), "output 4 peeks at token 5"),
     (_leak_test(start=0), "not only position 0"),
     # Change only the last token: misses the peeks from the middle.
-    (lambda model, x: not torch.equal(model(torch.cat([x[:, :-1], x[:, -1:] + 1], 1))[:, :-1], model(x)[:, :-1]), "peeks at token 3"),
+    (lambda model, x: not torch.equal(model(torch.cat([x[:, :-1], x[:, -1:] + 1], 1))[:, :-1], model(x)[:, :-1]), "change of token 3"),
     # A loose tolerance misses the 0.001 leaks.
     (_leak_test(tolerance=1e-2), "compare exactly"),
     # Off by one: compare outputs 0..t-1 only, which misses a leak from t + 1 into t.
@@ -255,7 +260,7 @@ def window_via_tril(T, window):
 
 
 def test_sliding_window_right_answers_pass():
-    for answer in (band, window_via_tril, lambda T, w: band(T, w).int().bool()):
+    for answer in (band, lambda T, w: band(T, w).int().bool()):
         feedback = check_sliding_window_mask(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -267,7 +272,7 @@ SLIDING_WINDOW_WRONG_ANSWERS = [
     (lambda T, w: band(T, w, high=w + 1), "window + 1"),
     (lambda T, w: band(T, w, high=w - 1), "window - 1"),
     (lambda T, w: band(T, w, low=1, high=w + 1), "diagonal is missing"),
-    (lambda T, w: torch.ones(T, T, dtype=torch.bool).tril(), "plain causal mask"),
+    (lambda T, w: torch.arange(T)[None, :] <= torch.arange(T)[:, None], "plain causal mask"),
     (lambda T, w: band(T, w, low=-T), "causal part is missing"),
     (lambda T, w: band(T, w).float(), "bool tensor"),
     (lambda T, w: band(T, min(w, 3)), "should be"),
@@ -307,3 +312,184 @@ def test_untouched_scaffold_is_not_attempted(check):
     feedback = check(_scaffold)
     assert feedback.status == "not attempted" and "Not attempted yet" in str(feedback)
     assert not feedback
+
+
+# --- the shared mechanism's classes, and the answers the review found accepted --------------------
+# (reviews/chapters-03-04.md: tril/triu where the exercise forbids them, leak tests with a tolerance
+# as large as the leak; finite fills with the empty rows zeroed are right, and pass.)
+
+def _causal_numpy_tril(T):
+    import numpy as np
+    return torch.from_numpy(np.tril(np.ones((T, T), dtype=bool)))
+
+
+def _causal_transformer(T):
+    return torch.nn.Transformer.generate_square_subsequent_mask(T) == 0
+
+
+def _causal_package(T):
+    import attn_course as ac
+    return ac.causal_mask(T)
+
+
+def _causal_tril_indices(T):
+    mask = torch.zeros(T, T, dtype=torch.bool)
+    rows, cols = torch.tril_indices(T, T)
+    mask[rows, cols] = True
+    return mask
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (lambda T: torch.ones(T, T).tril().bool(), "you called Tensor.tril"),
+        (lambda T: torch.tril(torch.ones(T, T, dtype=torch.bool)), "you called torch.tril"),
+        (lambda T: ~torch.ones(T, T, dtype=torch.bool).triu(1), "triu"),
+        (lambda T: torch.ones(T, T, dtype=torch.bool).tril_() if T else None, "tril_"),
+        (_causal_tril_indices, "tril_indices"),
+        (_causal_numpy_tril, "numpy.tril"),
+        (_causal_transformer, "generate_square_subsequent_mask"),
+        (_causal_package, "attn_course.causal_mask"),
+        # Right for the notebook's T = 5 only.
+        (lambda T: causal_by_hand(5), "expected shape"),
+    ],
+)
+def test_causal_mask_forbidden_routes_and_fixed_sizes(answer, text):
+    feedback = check_causal_mask(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+def _masked_sdpa(q, k, v, allowed):  # torch's fused attention for the output: forbidden in exercise 2
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    return out, masked_attention(q, k, v, allowed)[1]
+
+
+def _masked_package(q, k, v, allowed):
+    import attn_course as ac
+    return ac.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+def _masked_changes_the_mask(q, k, v, allowed):  # right values, but the caller's mask is inverted in place
+    blocked = allowed.logical_not_()
+    scores = q @ k.T / q.size(-1) ** 0.5
+    weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
+    weights = weights.masked_fill(blocked.all(-1, keepdim=True), 0.0)
+    return weights @ v, weights
+
+
+def _masked_changes_the_scores(q, k, v, allowed):  # in place on q: the caller's queries are scaled
+    q /= q.size(-1) ** 0.5
+    scores = q @ k.T
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+    return weights @ v, weights
+
+
+def _masked_without_max_shift(q, k, v, allowed):  # exp by hand, no maximum subtracted: overflows near 100
+    e = torch.exp(q @ k.T / q.size(-1) ** 0.5) * allowed
+    total = e.sum(-1, keepdim=True)
+    weights = torch.where(total > 0, e / total, torch.zeros_like(e))
+    return weights @ v, weights
+
+
+def _masked_for_right_padding_only(q, k, v, allowed):  # zeroes the last row only: a right-padding habit
+    scores = q @ k.T / q.size(-1) ** 0.5
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    weights = torch.where(torch.isnan(weights[2:3]).any(), weights.nan_to_num(0.0), weights) if weights.size(0) > 2 else weights
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (_masked_sdpa, "you called torch.nn.functional.scaled_dot_product_attention"),
+        (_masked_package, "you called attn_course.scaled_dot_product_attention"),
+        (_masked_changes_the_mask, "changed its input `allowed` in place"),
+        (_masked_changes_the_scores, "changed its input `q` in place"),
+        (_masked_without_max_shift, "NaN"),
+        (_masked_for_right_padding_only, "NaN"),
+    ],
+)
+def test_masked_attention_mechanism_classes(answer, text):
+    feedback = check_masked_attention(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+def test_masked_attention_finite_fills_that_fit_the_dtype_pass():
+    # The review found these accepted; the chapter now says they are right: a fill of the scores' own
+    # dtype's minimum (masked_fill replaces, nothing overflows), or the same as an additive mask, with the
+    # rows that may attend to nothing zeroed.
+    def additive(q, k, v, allowed):
+        scores = q @ k.T / q.size(-1) ** 0.5
+        bias = torch.zeros_like(scores).masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores + bias, dim=-1).masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+        return weights @ v, weights
+
+    for answer in (lambda q, k, v, m: masked_attention(q, k, v, m, fill=torch.finfo(q.dtype).min), additive):
+        assert check_masked_attention(answer).status == "correct"
+
+
+def test_masked_attention_finite_fill_that_does_not_fit_float16_is_named():
+    feedback = check_masked_attention(lambda q, k, v, m: masked_attention(q, k, v, m, fill=-1e9))
+    assert feedback.status == "incorrect" and "does not exist in float16" in feedback.message, str(feedback)
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (lambda lengths, T: __import__("attn_course").combine_masks(
+            causal_by_hand(T), padding=__import__("attn_course").padding_mask(lengths, T)), "you called attn_course"),
+        # Built for the notebook's B and T only.
+        (lambda lengths, T: batch_mask([4, 1, 3, 2], 4), "expected shape"),
+        # Left padding where the exercise pads on the right.
+        (lambda lengths, T: causal_by_hand(T) & (torch.arange(T)[None, :] >= T - torch.tensor(lengths)[:, None])[:, None, :],
+         "should be"),
+    ],
+)
+def test_batch_mask_mechanism_classes(answer, text):
+    feedback = check_batch_mask(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+# Tolerance-based leak tests as large as the leak (the review: atol = 1e-3 and 2e-3 were accepted).
+@pytest.mark.parametrize("tolerance", [1e-3, 2e-3, 1e-4, 1e-5, "default"])
+def test_leak_test_with_a_tolerance_is_rejected(tolerance):
+    feedback = check_leak_test(_leak_test(tolerance=tolerance))
+    assert feedback.status == "incorrect" and "compare exactly" in feedback.message, str(feedback)
+
+
+def _leak_test_in_place(model, x):  # right logic, but it overwrites the caller's x
+    base = model(x)
+    for t in range(x.size(1) - 1):
+        saved = x[:, t + 1:].clone()
+        x[:, t + 1:] = torch.randn_like(saved)
+        moved = not torch.equal(model(x)[:, : t + 1], base[:, : t + 1])
+        x[:, t + 1:] = saved + 1.0  # and puts back something else
+        if moved:
+            return True
+    return False
+
+
+def test_leak_test_mechanism_classes():
+    import numpy as np
+
+    feedback = check_leak_test(_leak_test_in_place)
+    assert feedback.status == "incorrect" and "changed its input `x` in place" in feedback.message, str(feedback)
+    # A numpy bool is an answer written differently: it passes.
+    assert check_leak_test(lambda model, x: np.bool_(_leak_test()(model, x))).status == "correct"
+    assert "True or False" in check_leak_test(lambda model, x: 1).message
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (window_via_tril, "you called Tensor.tril"),
+        (lambda T, w: torch.ones(T, T, dtype=torch.bool).triu(-w + 1) & ~torch.ones(T, T, dtype=torch.bool).triu(1), "triu"),
+        (lambda T, w: __import__("attn_course").sliding_window_mask(T, w), "attn_course.sliding_window_mask"),
+        # Right for the notebook's window of 3 only, and for a T fixed at 7.
+        (lambda T, w: band(T, 3), "should be"),
+        (lambda T, w: band(7, w), "expected shape"),
+    ],
+)
+def test_sliding_window_forbidden_routes_and_fixed_sizes(answer, text):
+    feedback = check_sliding_window_mask(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)

@@ -1,14 +1,26 @@
-"""Checks for the exercises of chapter 04, causal attention and masks."""
+"""Checks for the exercises of chapter 04, causal attention and masks.
+
+Each check tries the notebook's case and then cases unlike it (other lengths, ``L != S``, left
+padding, rows with nothing to attend to, scores near 100, float16 and bfloat16), names the usual
+mistakes (the blocked convention, the upper triangle, off by one, padding on the query axis, a leak
+test that looks at one position or compares with a tolerance), and uses the shared mechanism of
+``attn_course.exercises``: ``tril``/``triu`` and the package's mask helpers forbidden where the
+exercise says so (``forbid=("tril", "attn_course")``), torch's and the package's attention in
+exercise 2, inputs watched for changes in place. The table of wrong answers is in
+tests/test_exercises_ch04.py.
+"""
 
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
 from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
 from ..scaled import SelfAttention, scaled_dot_product_attention
-from . import Mismatch, call, exercise, expect, expect_close, expect_tensor
+from . import Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, randn, rng
+from ._core import _StudentCodeFailed
 
 __all__ = ["check_causal_mask", "check_masked_attention", "check_batch_mask", "check_leak_test", "check_sliding_window_mask"]
 
@@ -17,120 +29,177 @@ def _show(mask: torch.Tensor) -> str:
     return "\n".join("  " + " ".join("1" if bool(v) else "0" for v in row) for row in mask.reshape(-1, mask.size(-1)))
 
 
+def _bool_mask(got, what: str, shape) -> torch.Tensor:
+    got = expect_tensor(got, what=what, shape=shape)
+    if got.dtype != torch.bool:
+        raise Mismatch(f"{what} must return a bool tensor (True = may attend), got dtype {got.dtype}. A float mask means "
+                       "something else: it is *added* to the scores, so 1.0 and 0.0 would block nothing")
+    return got.cpu()
+
+
 @exercise(
     "Exercise 1, a causal mask without tril",
-    hint="compare positions: torch.arange(T)[None, :] <= torch.arange(T)[:, None] is True where key j <= query i",
+    hint="compare positions instead of cutting a triangle: a column of query positions against a row of key "
+         "positions broadcasts to a (T, T) grid, True where the key comes no later than the query",
+    forbid=("tril", "attn_course"),
 )
 def check_causal_mask(causal_mask_by_hand) -> str:
-    for T in (5, 1):
+    for T in (5, 1, 2, 8):
         expected = causal_mask(T)
-        got = expect_tensor(call(causal_mask_by_hand, T), what=f"causal_mask_by_hand({T})", shape=(T, T))
-        if got.dtype != torch.bool:
-            as_bool = got != 0
-            hint = " (your numbers are the right pattern)" if torch.equal(as_bool.cpu(), expected) else ""
-            raise Mismatch(
-                f"causal_mask_by_hand({T}) must return a bool tensor (True = may attend), got dtype {got.dtype}{hint}. "
-                "A float mask means something else: it is *added* to the scores, so 1.0 and 0.0 would block nothing."
-            )
-        got = got.cpu()
+        what = f"causal_mask_by_hand({T})"
+        got = _bool_mask(call(causal_mask_by_hand, T), what, (T, T))
         if T == 1:
             expect(bool(got.all()), "for T = 1 the single token must be allowed to attend to itself: [[True]]")
             continue
-        expect(not torch.equal(got, ~expected), "your mask is True where attending is *blocked*: that is nn.MultiheadAttention's "
-               f"convention. Here True must mean 'may attend'. You returned\n{_show(got)}")
-        expect(not torch.equal(got, expected.T), f"your mask lets each token see the future (upper triangle). You returned\n{_show(got)}")
+        ones = torch.ones(T, T, dtype=torch.bool)
+        expect(not torch.equal(got, ~expected), f"{what}: your mask is True where attending is *blocked*: that is "
+               f"nn.MultiheadAttention's convention. Here True must mean 'may attend'. You returned\n{_show(got)}")
+        expect(not torch.equal(got, expected.T), f"{what}: your mask lets each token see the future (upper triangle). "
+               f"You returned\n{_show(got)}")
         expect(not torch.equal(got, expected & ~torch.eye(T, dtype=torch.bool)),
-               "the diagonal is missing: each token may attend to itself (query i sees keys 0..i, i included)")
-        expect(not torch.equal(got, torch.ones(T, T, dtype=torch.bool).tril(1)),
-               f"off by one: each query also sees the next token (j <= i + 1). Query i may see keys 0..i only. You returned\n{_show(got)}")
+               f"{what}: the diagonal is missing: each token may attend to itself (query i sees keys 0..i, i included)")
+        expect(not torch.equal(got, expected | torch.eye(T, dtype=torch.bool).roll(1, dims=1)),
+               f"{what}: off by one: each query also sees the next token (j <= i + 1). Query i may see keys 0..i only. "
+               f"You returned\n{_show(got)}")
+        expect(not torch.equal(got, ones), f"{what}: every position may attend everywhere: nothing is masked")
         if not torch.equal(got, expected):
-            raise Mismatch(f"causal_mask_by_hand({T}) should be\n{_show(expected)}\nbut you returned\n{_show(got)}")
-    return "your mask is True exactly where key j <= query i, as attn_course.causal_mask."
+            raise Mismatch(f"{what} should be\n{_show(expected)}\nbut you returned\n{_show(got)}")
+    return "your mask is True exactly where key j <= query i, as attn_course.causal_mask, for every T tried."
 
 
-def _masked_attention_case():
-    generator = torch.Generator().manual_seed(41)
-    L, S, E = 4, 5, 8
-    q, k, v = (torch.randn(n, E, generator=generator) * 2 for n in (L, S, S))
-    allowed = causal_mask(L, S)
-    allowed[1] = torch.tensor([True, False, True, False, True])
-    allowed[2] = False  # a query with nothing to attend to
-    return q, k, v, allowed
+def _diagnose_masked(output, weights, q, k, v, allowed, what: str) -> None:
+    """Compare a (output, weights) answer with the package's masked attention, naming the usual mistakes."""
+    L, S = allowed.shape
+    expected_output, expected_weights = scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    weights = expect_tensor(weights, what=f"weights for {what}", shape=(L, S), dtype="float", device=q)
+    w = weights.detach().cpu().double()
+    empty = [int(i) for i in (~allowed.cpu().any(-1)).nonzero().flatten()]
+    if bool(torch.isnan(w).any()):
+        row = int(torch.isnan(w).any(-1).nonzero()[0])
+        because = (f": row {row} has no key it may attend to, so its scores are all -inf and the softmax computes 0/0. "
+                   "Give such rows zero weights") if row in empty else ""
+        raise Mismatch(f"weights for {what}: your weights contain NaN in row {row}{because}")
+    for row in empty:
+        expect(not torch.allclose(w[row], torch.full((S,), 1.0 / S, dtype=torch.float64), atol=1e-3),
+               f"weights for {what}: row {row} may attend to nothing but got weight 1/{S} on every key: a finite fill value "
+               "(like -1e9) makes the softmax of an all-masked row uniform, so the query averages keys it must not see. "
+               "Give such rows zero weights")
+    blocked = w[~allowed.cpu()]
+    blocked_weight = blocked.abs().max().item() if blocked.numel() else 0.0
+    expect(blocked_weight < 1e-6, f"weights for {what}: blocked positions must get weight exactly 0; the largest blocked weight "
+           f"is {blocked_weight:.4f}. Is True = may attend? (mask where the mask is False)")
+    scores = q.double() @ k.double().T  # (L, E) @ (E, S) -> (L, S)
+    unscaled = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    if not torch.allclose(unscaled, expected_weights.double().cpu(), atol=1e-3):
+        expect(not torch.allclose(w, unscaled.cpu(), atol=1e-4),
+               f"weights for {what}: your weights are not scaled: divide the scores by sqrt(E) = {math.sqrt(q.size(-1)):.2f}")
+    expect_close(weights, expected_weights, what=f"weights for {what}")
+    output = expect_tensor(output, what=f"output for {what}", shape=expected_output.shape, dtype="float", device=q)
+    if bool(torch.isnan(output).any()):
+        raise Mismatch(f"output for {what}: your output contains NaN" + (
+            f" (row {empty[0]} has no key to attend to: its output must be zeros)" if empty else ""))
+    expect_close(output, expected_output, what=f"output for {what}")
+
+
+def _run_masked(masked_attention, q, k, v, allowed, what: str):
+    result = call(masked_attention, q, k, v, allowed)
+    return expect_sequence(result, what=f"masked_attention for {what}", names=("output", "weights"))
+
+
+def _random_mask(L: int, S: int, generator: torch.Generator, empty_row: int | None = None) -> torch.Tensor:
+    allowed = torch.rand(L, S, generator=generator) < 0.6  # (L, S)
+    allowed[:, 0] |= True
+    if empty_row is not None:
+        allowed[empty_row] = False
+    return allowed
 
 
 @exercise(
     "Exercise 2, masked attention that never returns NaN",
-    hint="scores.masked_fill(~allowed, float('-inf')) before the softmax; find the rows where ~allowed.any(-1) "
-    "and set their weights to zero (torch.where or masked_fill) after it",
+    hint="fill the blocked scores (where the mask is False) with minus infinity before the softmax; then find the "
+         "rows with no allowed key at all and give them zero weights, so that their output is zero too",
+    forbid=("sdpa", "attn_course"),
 )
 def check_masked_attention(masked_attention) -> str:
-    q, k, v, allowed = _masked_attention_case()
-    result = call(masked_attention, q.clone(), k.clone(), v.clone(), allowed.clone())
-    expect(isinstance(result, tuple) and len(result) == 2, f"return a pair (output, weights); got {type(result).__name__}")
-    output, weights = result
-    expected_output, expected_weights = scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-    L, S = allowed.shape
-    weights = expect_tensor(weights, what=f"weights (L={L}, S={S})", shape=(L, S)).detach().cpu().double()
-    empty = 2
-    if bool(torch.isnan(weights).any()):
-        raise Mismatch(f"your weights contain NaN in row {int(torch.isnan(weights).any(-1).nonzero()[0])}: row {empty} has no key "
-                       "it may attend to, so its scores are all -inf and softmax computes 0/0")
-    expect(not torch.allclose(weights[empty], torch.full((S,), 1.0 / S, dtype=torch.float64), atol=1e-4),
-           f"row {empty} may attend to nothing but got weight 1/{S} on every key: a finite fill value (like -1e9) makes "
-           "the softmax of an all-masked row uniform, so the query averages keys it must not see. Use -inf, and zero that row")
-    blocked_weight = weights[~allowed].abs().max().item()
-    expect(blocked_weight < 1e-6, f"blocked positions must get weight exactly 0; the largest blocked weight is {blocked_weight:.4f}. "
-           "Is True = may attend? (mask with ~allowed)")
-    unscaled = torch.softmax((q @ k.T).masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0).double()
-    expect(not torch.allclose(weights, unscaled, atol=1e-5), f"your weights are not scaled: divide the scores by sqrt(E) = {math.sqrt(q.size(-1)):.2f}")
-    expect_close(weights, expected_weights, what=f"weights (L={L}, S={S})")
-    output = expect_tensor(output, what=f"output (L={L}, E={v.size(-1)})", shape=expected_output.shape)
-    expect(not bool(torch.isnan(output).any()), f"your output contains NaN (row {empty} has no key to attend to: its output must be zeros)")
-    expect_close(output, expected_output, what=f"output (L={L}, E={v.size(-1)})")
+    generator = rng(41)
+    # 1. The notebook's case: L = 4 queries, S = 5 keys, a scattered row and a row with nothing to attend to.
+    L, S, E = 4, 5, 8
+    q, k, v = (randn(n, E, generator=generator, scale=2.0) for n in (L, S, S))
+    allowed = causal_mask(L, S)
+    allowed[1] = torch.tensor([True, False, True, False, True])
+    allowed[2] = False  # a query with nothing to attend to
+    output, weights = _run_masked(masked_attention, q, k, v, allowed, "(L=4, S=5)")
+    _diagnose_masked(output, weights, q, k, v, allowed, "(L=4, S=5)")
 
-    # A blocked key with a huge score: softmax-then-renormalise underflows to 0/0 here (section 3).
+    # 2. A blocked key with a huge score: softmax-then-renormalise underflows to 0/0 here (section 3).
     spiky_q = torch.zeros(2, 8)
     spiky_q[:, 0] = 20.0
     spiky_k = torch.zeros(3, 8)
     spiky_k[2, 0] = 40.0  # key 2 scores 800 / sqrt(8) with both queries, and both may not see it
     spiky_v = torch.arange(24, dtype=torch.float32).view(3, 8)
     spiky_allowed = torch.tensor([[True, True, False], [True, False, False]])
-    what = "output when a blocked key has a huge score (about 283 after scaling)"
-    result = call(masked_attention, spiky_q, spiky_k, spiky_v, spiky_allowed)
-    expect(isinstance(result, tuple) and len(result) == 2, f"return a pair (output, weights); got {type(result).__name__}")
-    spiky_out = expect_tensor(result[0], what=what, shape=(2, 8))
+    what = "a blocked key with a huge score (about 283 after scaling)"
+    spiky_out = expect_tensor(_run_masked(masked_attention, spiky_q, spiky_k, spiky_v, spiky_allowed, what)[0],
+                              what=f"output for {what}", shape=(2, 8))
     expected_spiky, _ = scaled_dot_product_attention(spiky_q, spiky_k, spiky_v, attn_mask=spiky_allowed)
     expect(not bool(torch.isnan(spiky_out).any()) and not torch.allclose(spiky_out.detach().float().cpu(), torch.zeros(2, 8)),
-           f"{what}: you get NaN or zeros. Did you take the softmax first and then zero and renormalise the blocked weights? The "
-           "huge blocked score takes all the weight in the first softmax, the allowed weights underflow to 0, and 0/0 follows. "
-           "Fill the blocked scores with -inf *before* the softmax")
-    expect_close(spiky_out, expected_spiky, what=what)
+           f"output for {what}: you get NaN or zeros. Did you take the softmax first and then zero and renormalise the "
+           "blocked weights? The huge blocked score takes all the weight in the first softmax, the allowed weights "
+           "underflow to 0, and 0/0 follows. Fill the blocked scores with -inf *before* the softmax")
+    expect_close(spiky_out, expected_spiky, what=f"output for {what}")
 
-    # Half precision, where -1e9 does not exist (section 4).
-    q16, k16, v16 = (t.to(torch.float16) for t in (q, k, v))
-    try:
-        result = masked_attention(q16, k16, v16, allowed.clone())
-    except RuntimeError as error:
-        raise Mismatch(f"in float16 your code raised RuntimeError: {error}. A fill value such as -1e9 does not exist in "
-                       "float16 (largest magnitude 65504, section 4): fill with float('-inf')") from None
-    except Exception as error:
-        raise Mismatch(f"in float16 your code raised {type(error).__name__}: {error}") from None
-    what = "output for float16 inputs"
-    expect(isinstance(result, tuple) and len(result) == 2, f"{what}: return a pair (output, weights); got {type(result).__name__}")
-    out16 = expect_tensor(result[0], what=what, shape=expected_output.shape)
-    expect(not bool(torch.isnan(out16).any()), f"{what}: your output contains NaN (row {empty} has no key to attend to)")
-    expect_close(out16.float(), expected_output, what=what, atol=2e-2, rtol=2e-2)
-    return (f"blocked keys get weight 0, also when their score is huge, and row {empty}, with nothing to attend to, gives zeros "
-            "instead of NaN, in float32 and in float16.")
+    # 3. Left padding behind a causal mask (the padding queries at the front see nothing), L != S, one
+    #    query, and scores near +-100 in float32.
+    T = 6
+    real = padding_mask([3], T, side="left")[0]  # (T,): three padding tokens first
+    left = causal_mask(T) & real[None, :]  # (T, T)
+    cases = [("left padding behind a causal mask (T=6, 3 padding tokens first)", T, T, 5, left, 1.0),
+             ("L=3 queries, S=7 keys", 3, 7, 4, _random_mask(3, 7, generator, empty_row=1), 1.0),
+             ("one query, S=4 keys", 1, 4, 6, _random_mask(1, 4, generator), 1.0),
+             ("L=5 queries, S=2 keys", 5, 2, 3, _random_mask(5, 2, generator, empty_row=4), 1.0),
+             ("scores near ±100 (L=4, S=6)", 4, 6, 4, _random_mask(4, 6, generator), 7.0)]
+    for what, L, S, E, allowed, scale in cases:
+        q = randn(L, E, generator=generator, scale=scale)
+        k = randn(S, E, generator=generator, scale=scale)
+        v = randn(S, E, generator=generator)
+        output, weights = _run_masked(masked_attention, q, k, v, allowed, what)
+        _diagnose_masked(output, weights, q, k, v, allowed, what)
+
+    # 4. Half precision, where -1e9 does not exist (section 4), and bfloat16.
+    q, k, v = (randn(n, 8, generator=generator, scale=2.0) for n in (4, 5, 5))
+    allowed = causal_mask(4, 5)
+    allowed[2] = False
+    expected_output, _ = scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    for dtype, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        what = f"{name} inputs (L=4, S=5, row 2 with nothing to attend to)"
+        low = [t.to(dtype) for t in (q, k, v)]
+        try:
+            output = _run_masked(masked_attention, *low, allowed, what)[0]
+        except _StudentCodeFailed as failed:
+            if isinstance(failed.error, RuntimeError) and "overflow" in str(failed.error):
+                raise Mismatch(f"for {what} your code raised {type(failed.error).__name__}: a fill value such as -1e9 "
+                               f"does not exist in {name} (largest magnitude {torch.finfo(dtype).max:.0f}): fill with "
+                               "float('-inf'), or with the smallest number of the scores' own dtype") from None
+            raise
+        output = expect_tensor(output, what=f"output for {what}", shape=expected_output.shape, dtype="float")
+        expect(not bool(torch.isnan(output).any()), f"output for {what}: your output contains NaN (row 2 has no key to "
+               "attend to)")
+        expect_close(output.float(), expected_output, what=f"output for {what}", atol=3e-2, rtol=3e-2)  # half precision
+    return ("blocked keys get weight 0, also when their score is huge, and rows with nothing to attend to give zeros "
+            "instead of NaN, with left padding, at other sizes, in float32, float16 and bfloat16.")
 
 
 @exercise(
     "Exercise 3, one mask for a padded batch of a causal model",
-    hint="causal (T, T) & padding[:, None, :] -> (B, T, T): the padding mask must broadcast over the queries, "
-    "so that it blocks the same keys for every query",
+    hint="build the causal (T, T) mask and a (B, T) mask of real tokens by comparing positions with the lengths; "
+         "the padding mask must block keys, so give it a length-one query axis in the middle before combining the "
+         "two with a logical and",
+    forbid=("attn_course",),
 )
 def check_batch_mask(batch_mask) -> str:
-    for lengths, T in (([4, 1, 3, 2], 4), ([5, 2, 4], 5)):  # the first has B == T, where a wrong broadcast runs silently
+    # The first case has B == T, where a wrong broadcast runs silently; then B = 1, no padding at all,
+    # and a short sequence in a long batch.
+    for lengths, T in (([4, 1, 3, 2], 4), ([5, 2, 4], 5), ([3], 3), ([6, 6], 6), ([1, 7], 7)):
         B = len(lengths)
         expected = combine_masks(causal_mask(T), padding=padding_mask(lengths, T))  # (B, T, T)
         what = f"batch_mask({lengths}, T={T})"
@@ -140,6 +209,8 @@ def check_batch_mask(batch_mask) -> str:
                "A (B, S) padding mask has to be reshaped to (B, 1, S) before it meets the (T, T) causal mask")
         expect_tensor(got, what=what, shape=(B, T, T))
         got = got.cpu()
+        if torch.equal(got, expected):
+            continue
         padding = padding_mask(lengths, T)
         causal = causal_mask(T)
         wrong_axis = causal & padding[:, :, None]  # padding applied to the queries instead of the keys
@@ -147,14 +218,13 @@ def check_batch_mask(batch_mask) -> str:
                "False) instead of the padding *keys* (columns). Behind the causal mask this hides the mistake for real tokens "
                "(they never see later padding anyway), but every padding query now has nothing to attend to: NaN in a naive "
                "softmax (section 7), and the same mask without the causal part would let real tokens read padding. "
-               "A padding mask blocks keys: padding[:, None, :]")
+               "A padding mask blocks keys: give it a query axis of length one, (B, 1, T)")
         expect(not torch.equal(got, causal.expand(B, T, T)), f"{what}: the padding is missing: every sequence got the plain causal mask")
         expect(not torch.equal(got, padding[:, None, :].expand(B, T, T)), f"{what}: the causal part is missing: tokens can see later tokens")
         expect(not torch.equal(got, ~expected), f"{what}: your mask is in the blocked convention (True = blocked); here True must mean 'may attend'")
-        if not torch.equal(got, expected):
-            b = int((got != expected).flatten(1).any(1).nonzero()[0])
-            raise Mismatch(f"{what}: the mask of sequence {b} (length {lengths[b]}) should be\n{_show(expected[b])}\nbut you returned\n{_show(got[b])}")
-    return "every sequence gets the causal mask, with its padding keys blocked for every query."
+        b = int((got != expected).flatten(1).any(1).nonzero()[0])
+        raise Mismatch(f"{what}: the mask of sequence {b} (length {lengths[b]}) should be\n{_show(expected[b])}\nbut you returned\n{_show(got[b])}")
+    return "every sequence gets the causal mask, with its padding keys blocked for every query, for every batch tried."
 
 
 def _attention_models():
@@ -172,11 +242,12 @@ def _attention_models():
 
     def one_ahead(x):  # each token also sees the next one
         T = x.size(-2)
-        return attention(x, attn_mask=torch.ones(T, T, dtype=torch.bool, device=x.device).tril(1))[0]
+        i = torch.arange(T, device=x.device)
+        return attention(x, attn_mask=i[None, :] <= i[:, None] + 1)[0]
 
-    def first_peeks(x):  # causal, except that the first output peeks at token 3
+    def first_peeks(x):  # causal, except that the first output moves by a millionth of any change of token 3
         out = attention(x, is_causal=True)[0].clone()
-        out[:, 0] = out[:, 0] + 1e-3 * x[:, 3]
+        out[:, 0] = out[:, 0] + 1e-6 * x[:, 3]
         return out
 
     def middle_peeks(x):  # causal, except that output 4 peeks at token 5: position 0 never moves
@@ -208,63 +279,72 @@ def _attention_models():
         ("self-attention without a mask", full, True, ""),
         ("attention that also sees the next token", one_ahead, True,
          "it leaks from token t + 1 into output t only: after changing the tokens after t, compare outputs 0..t, t included"),
-        ("causal attention whose first output peeks at token 3 (by 0.001)", first_peeks, True,
-         "the leak is 0.001: compare exactly (torch.equal), or with a tolerance far below it"),
+        ("causal attention whose first output moves by a millionth of any change of token 3", first_peeks, True,
+         "the leak is a millionth of the change, below any tolerance you might pick: compare exactly (torch.equal), "
+         "as the causal mask gives earlier outputs that are bit-for-bit the same"),
         ("causal attention whose output 4 peeks at token 5 (by 0.001)", middle_peeks, True,
          f"output 0 never moves in this model: {every_position}, and exactly"),
         ("attention in which the next-to-last output also sees the last token", last_leaks, True,
          f"only the last token leaks, and only into output T - 2: {every_position}"),
         ("causal attention in which output 2 of the second sequence peeks at token 5 (by 0.001)", second_sequence_peeks, True,
-         "the leak is in the second sequence of the batch only: compare every sequence, outputs[:, :t + 1], not outputs[0]"),
+         "the leak is in the second sequence of the batch only: compare every sequence's earlier outputs, not the first "
+         "sequence's"),
         ("attention in which each token sees only itself", only_itself, False, ""),
         ("sliding-window causal attention (each token sees itself and the two before it)", sliding_window, False, ""),
     ]
 
 
+def _as_bool(answer):
+    """True or False from a bool, a numpy bool or a one-element tensor; anything else unchanged."""
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and answer.dtype == torch.bool:
+        return bool(answer)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(answer, numpy.bool_):
+        return bool(answer)
+    return answer
+
+
 @exercise(
     "Exercise 4, a leak test",
-    hint="for each position t, copy x, replace every token after t with new random vectors, run the model on both "
-    "and compare outputs[:, :t + 1] (every sequence, every position up to t) with torch.equal",
+    hint="for each position t, change every token after t (in a copy), run the model on both inputs and compare the "
+         "outputs up to t, t included, of every sequence, exactly; one position, one sequence or a tolerance can each "
+         "miss a leak",
 )
 def check_leak_test(leaks_future) -> str:
     E, models = _attention_models()
-    x = torch.randn(2, 7, E, generator=torch.Generator().manual_seed(43))
+    x = randn(2, 7, E, generator=rng(43))
     for name, model, leaks, how_to_catch in models:
         with torch.no_grad():
-            answer = call(leaks_future, model, x.clone())
-        if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-            answer = bool(answer)
-        expect(isinstance(answer, bool), f"leaks_future must return True or False; for the {name} it returned {type(answer).__name__} {answer!r}")
+            answer = _as_bool(call(leaks_future, model, x))
+        expect(isinstance(answer, bool), f"leaks_future must return True or False; for the {name} it returned "
+               f"{type(answer).__name__} {answer!r}")
         if leaks:
             expect(answer, f"for the {name} you returned False, but later tokens do change earlier outputs there: {how_to_catch}.")
         else:
             expect(not answer, f"for the {name} you returned True, but no later token changes an earlier output there. Outputs at "
                    "and after a changed token may move: compare only the positions before it (change the tokens after t, "
-                   "compare outputs[:, :t + 1]); and change the tokens in x, not the outputs.")
+                   "compare the outputs up to t); and change the tokens in x, not the outputs.")
     n_leaky = sum(leaks for _, _, leaks, _ in models)
     return (f"your test tells leaky from causal attention in all {len(models)} models: it catches all {n_leaky} leaky ones, "
-            "including a leak of 0.001 that never reaches position 0 and one in the second sequence only.")
+            "including a leak of a millionth, one that never reaches position 0 and one in the second sequence only.")
 
 
 @exercise(
     "Exercise 5, a sliding-window mask",
-    hint="compare positions: with i = torch.arange(T)[:, None] (queries) and j = torch.arange(T)[None, :] (keys), "
-    "query i may attend to key j when 0 <= i - j < window",
+    hint="compare positions, as in exercise 1: the distance from query i back to key j is i minus j, and a key may be "
+         "attended to when that distance is at least zero and less than the window",
+    forbid=("tril", "attn_course"),
 )
 def check_sliding_window_mask(sliding_window_mask_by_hand) -> str:
-    for T, window in ((7, 3), (6, 1), (5, 5), (4, 9)):
+    for T, window in ((7, 3), (6, 1), (5, 5), (4, 9), (1, 1), (8, 2)):
         expected = sliding_window_mask(T, window)  # (T, T), True = may attend
         what = f"sliding_window_mask_by_hand(T={T}, window={window})"
-        got = expect_tensor(call(sliding_window_mask_by_hand, T, window), what=what, shape=(T, T))
-        if got.dtype != torch.bool:
-            raise Mismatch(f"{what} must return a bool tensor (True = may attend), got dtype {got.dtype}. A float mask is "
-                           "*added* to the scores, so 1.0 and 0.0 would block nothing")
-        got = got.cpu()
+        got = _bool_mask(call(sliding_window_mask_by_hand, T, window), what, (T, T))
         if torch.equal(got, expected):
             continue
         query, key = torch.arange(T)[:, None], torch.arange(T)[None, :]  # (T, 1), (1, T)
         distance = query - key  # (T, T), i - j
-        causal = causal_mask(T)
+        causal = distance >= 0
         shown = f"You returned\n{_show(got)}\nbut it should be\n{_show(expected)}"
         expect(not torch.equal(got, ~expected), f"{what}: your mask is True where attending is *blocked* (nn.MultiheadAttention's "
                "convention); here True must mean 'may attend'")
@@ -284,4 +364,4 @@ def check_sliding_window_mask(sliding_window_mask_by_hand) -> str:
                f"every later key. {shown}")
         raise Mismatch(f"{what}: {shown}")
     return ("your mask equals attn_course.sliding_window_mask for T = 7 with window 3, and in the edge cases "
-            "window = 1 and window >= T.")
+            "window = 1, window >= T and T = 1.")
