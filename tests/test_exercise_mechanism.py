@@ -760,3 +760,22 @@ def test_fresh_check_keeps_graded_mode(graded_off):
     fresh = importlib.reload(importlib.import_module("attn_course.exercises")).fresh_check("ch02", "check_stable_softmax")
     feedback = fresh(lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True))
     assert feedback.status == "incorrect" and feedback.hint is None and "Hint" not in str(feedback)
+
+
+@pytest.mark.parametrize("patch", ["assert_correct", "__init__", "__bool__", "is_graded"])
+def test_fresh_check_refuses_a_mechanism_changed_in_memory(patch):
+    """_core is never reloaded; a notebook that patched it must not pass a grader's test cell."""
+    import attn_course.exercises as ex
+    from attn_course.exercises import _core
+
+    target, name = (_core, patch) if patch == "is_graded" else (_core.Feedback, patch)
+    original = vars(target)[name]
+    ex.fresh_check("ch02", "check_stable_softmax")  # untouched: fine
+    replacement = (lambda *args, **kwargs: True) if patch != "__init__" else (lambda self, *a, **k: original(self, *a, **k))
+    setattr(target, name, replacement)
+    try:
+        with pytest.raises(RuntimeError, match=name):
+            ex.fresh_check("ch02", "check_stable_softmax")
+    finally:
+        setattr(target, name, original)
+    ex.fresh_check("ch02", "check_stable_softmax")  # restored: fine again

@@ -10,7 +10,7 @@ released student version:
 - mallory: nothing answered, the check functions redefined and patched in a cell of her own (the
   names the chapter imports, the chapter's module, the package), and every locked test cell
   replaced by ``print("correct")``: nbgrader puts the test cells back, and they score nothing;
-- chapter 02 only: trudy, nothing answered, ``Feedback.assert_correct`` patched (a known hole: xfail);
+- chapter 02 only: trudy, nothing answered, ``Feedback.assert_correct`` patched (fresh_check refuses a changed mechanism);
 - chapter 02 only: dave, whose file is not valid JSON (nbgrader reports it; the others are graded).
 
 nbgrader's autograde then runs every submission and the scores recorded in the gradebook are
@@ -255,8 +255,6 @@ def test_feedback_carries_the_checks_message_without_hints(course, assignment):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="fresh_check does not load Feedback afresh: patching "
-                   "attn_course.exercises.Feedback.assert_correct passes every test cell (lead: issue 18, helper A)")
 def test_patching_the_feedback_class_does_not_score(course):
     root, results = course
     assert results["ch02/trudy"]["success"], results["ch02/trudy"]

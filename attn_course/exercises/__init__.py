@@ -89,6 +89,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import inspect
 import numbers
 import pkgutil
 import random
@@ -98,7 +100,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import _guards, _inputs
+from . import _core, _guards, _inputs
 from ._cases import Sizes, large_scores, other_sizes, padding_cases, padding_mask_for, randn, rng
 from ._core import ACTIVE_CHECK, ExerciseInfo, Feedback, Mismatch, NotAttempted, _StudentCodeFailed, is_graded, set_graded
 from ._guards import FAMILIES, forbidden
@@ -489,6 +491,54 @@ def _chapter_module_name(chapter: Any) -> str:
     return f"{__name__}.ch{int(text):02d}"
 
 
+def _same_code(a: Any, b: Any) -> bool:
+    """Whether two class attributes or module functions do the same thing (compared by code)."""
+    for wrapper in (staticmethod, classmethod, property):
+        if isinstance(a, wrapper) and isinstance(b, wrapper):
+            a, b = (a.fget, b.fget) if wrapper is property else (a.__func__, b.__func__)
+    if inspect.isfunction(a) and inspect.isfunction(b):
+        return a.__code__ == b.__code__ and a.__defaults__ == b.__defaults__
+    if inspect.isfunction(a) or inspect.isfunction(b):
+        return False
+    if type(a).__name__ in ("member_descriptor", "getset_descriptor"):
+        return type(a) is type(b)
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001  (values that cannot be compared count as changed)
+        return False
+
+
+def _changed_in_memory(module: Any) -> list[str]:
+    """The classes and functions of ``module`` that differ from its source on disk.
+
+    ``_core`` is never reloaded (see its docstring), so a notebook could replace, say,
+    ``Feedback.assert_correct`` and pass every graded test cell; :func:`fresh_check` refuses then.
+    """
+    spec = importlib.util.spec_from_file_location(f"_pristine_{module.__name__.replace('.', '_')}", module.__file__)
+    pristine = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = pristine  # dataclasses look their module up while the class is made
+    try:
+        spec.loader.exec_module(pristine)
+    finally:
+        del sys.modules[spec.name]
+    missing = object()
+    skip = {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__annotations__",
+            "__dataclass_fields__", "__dataclass_params__", "__static_attributes__", "__firstlineno__"}
+    changed = []
+    for name, original in vars(pristine).items():
+        current = vars(module).get(name, missing)
+        if inspect.isclass(original):
+            if not inspect.isclass(current):
+                changed.append(name)
+                continue
+            for key in (set(vars(original)) | set(vars(current))) - skip:
+                if not _same_code(vars(original).get(key, missing), vars(current).get(key, missing)):
+                    changed.append(f"{name}.{key}")
+        elif inspect.isfunction(original) and not _same_code(original, current):
+            changed.append(name)
+    return sorted(changed)
+
+
 def fresh_check(chapter: Any, name: str) -> Callable[..., Feedback]:
     """The real check ``name`` of ``chapter``, loaded afresh from disk, for graders.
 
@@ -496,7 +546,9 @@ def fresh_check(chapter: Any, name: str) -> Callable[..., Feedback]:
     ``importlib.reload``, so a notebook that redefined ``check_stable_softmax``, or assigned
     ``attn_course.exercises.ch02.check_stable_softmax`` or ``attn_course.exercises.call``, gets the real
     verdict. The exception classes and ``Feedback`` live in a module that is not reloaded, so checks
-    imported earlier keep working, and graded mode stays as it was.
+    imported earlier keep working, and graded mode stays as it was; instead, a ``_core`` whose classes
+    or functions no longer match its source on disk (a notebook replaced ``Feedback.assert_correct``,
+    say) makes it raise ``RuntimeError``, so the grader's test cell fails.
 
     Args:
         chapter: ``"ch02"``, ``"02"`` or ``2``.
@@ -505,6 +557,11 @@ def fresh_check(chapter: Any, name: str) -> Callable[..., Feedback]:
     module_name = _chapter_module_name(chapter)
     if not isinstance(name, str) or not name.startswith("check_"):
         raise ValueError(f"name must be a check's name such as 'check_stable_softmax', got {name!r}")
+    changed = _changed_in_memory(sys.modules[_core.__name__])
+    if changed:
+        raise RuntimeError(
+            "the exercise mechanism was changed in this session (" + ", ".join(changed) + "): "
+            "restart the kernel and run the notebook again without changing attn_course.exercises")
     for private in ("_guards", "_inputs", "_cases"):
         importlib.reload(importlib.import_module(f"{__name__}.{private}"))
     importlib.reload(sys.modules[__name__])
