@@ -66,7 +66,7 @@ __all__ = [
     "PALETTE", "HEAD_COLOURS", "MASK_COLOURS", "WEIGHT_CMAP", "CELL", "CAP", "MAX_WIDTH",
     "head_colour", "text_colour", "contrast_ratio", "alt_text", "show", "sync_alt_texts",
     "Diagram", "Block",
-    "attention_flow", "head_split", "multihead_flow", "seq2seq_attention", "positional_flow",
+    "attention_flow", "head_split", "head_layouts", "multihead_flow", "seq2seq_attention", "encoder_decoder_step", "positional_flow",
     "transformer_flow", "tiled_attention_flow", "kv_cache_flow", "rotary_pairs", "grouped_heads",
     "latent_attention_flow", "linear_attention_flow",
 ]
@@ -1059,6 +1059,113 @@ def multihead_flow(L: int = 5, E: int = 12, H: int = 3, *, kv_heads: int | None 
     return _fit(draw)
 
 
+def head_layouts(T: int = 5, E: int = 12, H: int = 3, *, step: str = "split"):
+    """Chapter 05's memory layouts, cell by cell: the right split or merge of heads beside the wrong one.
+
+    Every cell carries the index of the token it came from, and the colour of the head its column
+    belongs to in ``x`` (one sequence of the batch). ``step="split"``: ``x`` (T, E) goes through
+    ``view(B, T, H, D).transpose(1, 2)`` (each head one colour, token t in row t) and through the wrong
+    ``view(B, H, T, D)`` (a "head" is a run of T * D numbers of memory: tokens and heads mixed).
+    ``step="merge"``: the heads (H, T, D) go back through ``transpose(1, 2).reshape(B, T, E)`` (x again)
+    and through ``reshape(B, T, E)`` without the transpose (rows mix tokens).
+
+    Args:
+        T: tokens (at most 10). E: model width (at most 24). H: heads (``E % H == 0``; D = E / H).
+        step: "split" or "merge".
+
+    Returns:
+        The ``Figure``; its alt text is ``fig.attn_alt``.
+    """
+    T, E, H = _size(T, "T"), _size(E, "E"), _size(H, "H")
+    if T > 10 or E > 24:
+        raise ValueError(f"head_layouts draws every cell with its token: T must be at most 10 and E at most 24, "
+                         f"got T={T} and E={E}")
+    D = _heads_check(E, H)
+    if step not in ("split", "merge"):
+        raise ValueError(f"step must be 'split' or 'merge', got {step!r}")
+    tint, gap = 0.5, 0.14
+    first, second = (("view(B, T, H, D)\n.transpose(1, 2)", "view(B, H, T, D)") if step == "split" else
+                     ("transpose(1, 2)\n.reshape(B, T, E)", "reshape(B, T, E)\nwithout transpose"))
+    op_w = max(_text_box(label, _OP_PT)[0] for label in (first, second)) + 0.2
+    cell = min(0.2, (MAX_WIDTH - 1.1 - op_w - 2 * (H - 1) * gap) / (2 * E))
+
+    # (token, head) of every cell: x is (T, E); the heads are H slices (T, D); memory is row-major.
+    x_cells = [[(t, j // D) for j in range(E)] for t in range(T)]
+    heads_right = [[[(t, h) for _ in range(D)] for t in range(T)] for h in range(H)]
+    if step == "split":  # a wrong "head" h is the run of numbers h*T*D .. (h+1)*T*D - 1 of x
+        flat = [x_cells[n // E][n % E] for n in range(T * E)]
+        wrong = [[[flat[h * T * D + r * D + c] for c in range(D)] for r in range(T)] for h in range(H)]
+    else:  # merging without the transpose reads the heads' memory (H, T, D) straight into rows of E
+        flat = [heads_right[n // (T * D)][(n // D) % T][n % D] for n in range(T * E)]
+        wrong = [[flat[r * E + c] for c in range(E)] for r in range(T)]
+
+    def grid(d: Diagram, x0: float, y0: float, cells, edge=None, title: str = ""):
+        """A (rows, cols) grid of (token, head) cells with top-left corner (x0, y0); returns its Block."""
+        rows, cols = len(cells), len(cells[0])
+        colours = [[head_colour(h, tint) for (_, h) in row] for row in cells]
+        b = d.block((x0 + cols * d.cell / 2, y0 + rows * d.cell / 2), rows, cols, role="input", cells=colours,
+                    width=cols * d.cell, height=rows * d.cell,
+                    slice_edges=[edge] if edge is not None else None)
+        for r, row in enumerate(cells):
+            for c, (t, h) in enumerate(row):
+                d.text(x0 + (c + 0.5) * d.cell, y0 + (r + 0.5) * d.cell, str(t), size=6.5,
+                       colour=text_colour(head_colour(h, tint)), zorder=3)
+        if title:
+            d.text(b.center[0], y0 - 0.06, title, size=_SMALL_PT, colour=INK, va="bottom")
+        return b
+
+    def heads(d: Diagram, x0: float, y0: float, slices, names):
+        blocks = []
+        for h, cells in enumerate(slices):
+            blocks.append(grid(d, x0, y0, cells, edge=HEAD_COLOURS[h % len(HEAD_COLOURS)], title=names[h]))
+            x0 = blocks[-1].x1 + gap
+        return blocks
+
+    def draw(d: Diagram) -> str:
+        lane_h = T * d.cell + 0.75
+        y_right, y_wrong = 0.3, 0.3 + lane_h
+        if step == "split":
+            left = grid(d, 0.0, (y_right + y_wrong) / 2, x_cells, title=f"x, one sequence (T, E) = ({T}, {E})")
+        else:
+            left = heads(d, 0.0, (y_right + y_wrong) / 2, heads_right, [f"head {h}" for h in range(H)])
+        left_x1 = left.x1 if step == "split" else left[-1].x1
+        ops_x = left_x1 + 0.45 + op_w / 2
+        for y, label, ok in ((y_right, first, True), (y_wrong, second, False)):
+            mid = y + T * d.cell / 2
+            o = d.op((ops_x, mid), label, width=op_w)
+            d.arrow((left_x1, (y_right + y_wrong) / 2 + T * d.cell / 2), o.left,
+                    via=[(left_x1 + 0.2, (y_right + y_wrong) / 2 + T * d.cell / 2), (left_x1 + 0.2, mid)])
+            x0 = o.x1 + 0.25
+            d.arrow(o.right, (x0, mid))
+            if step == "split":
+                names = [f"head {h}" if ok else f"'head' {h}" for h in range(H)]
+                blocks = heads(d, x0, y, heads_right if ok else wrong, names)
+                under = blocks[0].y1
+            else:
+                block = grid(d, x0, y, x_cells if ok else wrong, title=f"(T, E) = ({T}, {E})")
+                under = block.y1
+            verdict = ("✓ row t = token t" + ("; one head each" if step == "split" else ": x again")
+                       if ok else "✗ rows mix tokens" + (" and heads" if step == "split" else ""))
+            d.text(x0, under + 0.07, verdict, size=_SMALL_PT, colour=INK if ok else "#A01010", ha="left", va="top")
+        key = "the head of its column in x" if step == "split" else "its head"
+        d.text(0.0, y_wrong + T * d.cell + 0.3, f"number in a cell: its token; colour: {key}", size=_SMALL_PT,
+               colour=MUTED, ha="left")
+        if step == "split":
+            w0 = [t for t, _ in (row[0] for row in wrong[0])]
+            return (f"Diagram of splitting x, one sequence of shape (T, E) = ({T}, {E}), into {H} heads of width "
+                    f"{D}, cell by cell: each cell shows the token it belongs to and has the colour of the head of "
+                    f"its column. view(B, T, H, D).transpose(1, 2) gives each head one colour and token t in row t. "
+                    f"The wrong view(B, H, T, D) cuts the memory into {H} runs of {T * D} numbers: 'head' 0 holds "
+                    f"tokens {', '.join(map(str, w0))} in its rows, with columns of several heads.")
+        r0 = sorted({t for t, _ in wrong[0]})
+        return (f"Diagram of merging {H} heads of shape (T, D) = ({T}, {D}) back into (T, E) = ({T}, {E}), cell by "
+                f"cell: each cell shows its token and has the colour of its head. transpose(1, 2).reshape(B, T, E) "
+                f"gives back the layout of x: token t in row t, the heads side by side. reshape(B, T, E) without "
+                f"the transpose fills row 0 with tokens {', '.join(map(str, r0))} of head 0.")
+
+    d = Diagram(cell=cell)
+    return d.finish(draw(d))
+
 def seq2seq_attention(S: int = 6, D: int = 8, *, kind: str = "additive", tokens: Sequence[str] | None = None,
                       names: Mapping[str, str] | None = None, shapes: str = "both"):
     """Chapter 01: one decoder step of an RNN encoder-decoder attending over the encoder states.
@@ -1159,6 +1266,173 @@ def seq2seq_attention(S: int = 6, D: int = 8, *, kind: str = "additive", tokens:
                 f"{shp.alt('D')} is compared with every hⱼ by {score_words}, giving one score per lane "
                 f"{shp.alt('S')}; a softmax over the lanes gives the weights αⱼ, and the context c "
                 f"{shp.alt('D')} is the weighted sum of the states; {then}.")
+
+    return _fit(draw)
+
+
+def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int = 64, V: int = 12, *,
+                         tokens: Sequence[str] | None = None, names: Mapping[str, str] | None = None,
+                         shapes: str = "both"):
+    """Chapter 01: an RNN encoder-decoder at decoder step i, without attention, with Bahdanau's or Luong's.
+
+    The encoder's states H (one row h_j per source token) sit on the left, with the summary c made
+    from its two ends. The decoder step reads left to right in the order it computes:
+
+    - ``"none"``: the GRU reads the previous token y_{i-1}, the summary c and s_{i-1}; the output
+      layer reads [s_i; c]. Nothing but c leaves the encoder: the bottleneck.
+    - ``"additive"`` (Bahdanau): s_{i-1} queries H (additive score, softmax over j, weighted sum)
+      first; the context c_i goes into the GRU with y_{i-1}; the output layer reads [s_i; c_i].
+    - ``"dot"`` (Luong): the GRU reads y_{i-1} and s_{i-1} first; the new state s_i queries H (dot
+      product); tanh(W_c [c_i; s_i]) gives h̃_i, which the output layer reads.
+
+    Args:
+        kind: "none", "additive" or "dot".
+        S: source positions. E: embedding width. D: state width (encoder states, decoder states,
+            context). V: vocabulary size (the logits).
+        tokens: the S source tokens written beside H's rows (default x₀ … x_{S-1}; at most CAP drawn).
+        names: other symbols for the shapes, e.g. ``{"S": "T"}``. shapes: "both", "numbers" or "symbols".
+
+    Returns:
+        The ``Figure``; its alt text is ``fig.attn_alt``.
+    """
+    if kind not in ("none", "additive", "dot"):
+        raise ValueError(f"kind must be 'none', 'additive' (Bahdanau) or 'dot' (Luong), got {kind!r}")
+    S, E, D, V = _size(S, "S"), _size(E, "E"), _size(D, "D"), _size(V, "V")
+    if tokens is not None and len(tokens) != S:
+        raise ValueError(f"tokens must give one string per source position, {S}, got {len(tokens)}")
+    sub = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+    words = [str(t) for t in tokens] if tokens is not None else [f"x{str(j).translate(sub)}" for j in range(S)]
+    rows = min(S, CAP)
+    if S > rows:  # the row before the last stands for the positions not drawn
+        words = words[:rows - 2] + ["⋯", words[-1]]
+    shp = _Shapes(names, shapes, {"S": S, "E": E, "D": D, "V": V})
+
+    def vector(d: Diagram, center, n: int, role: str, name: str, key: str, at: str = "right", values=None):
+        """A (n,) vector drawn as one row, labelled "name (shape)" on one side."""
+        b = d.block(center, 1, n, role=role, values=values)
+        shape = shp.alt(key) if shapes == "both" else shp(key)
+        x, y = b.center
+        if at == "right":
+            t = d.text(b.x1 + 0.07, y, name, size=_NAME_PT, weight="bold", colour=INK, ha="left")
+            d.text(t.x1 + 0.07, y, shape, ha="left")
+        elif at == "left":
+            t = d.text(b.x0 - 0.07, y, shape, ha="right")
+            d.text(t.x0 - 0.07, y, name, size=_NAME_PT, weight="bold", colour=INK, ha="right")
+        else:  # "above" or "below": name and shape on one line, centred
+            wn, _ = _text_box(name, _NAME_PT, "bold")
+            ws, _ = _text_box(shape, _SMALL_PT)
+            left = x - (wn + 0.07 + ws) / 2
+            ty = b.y0 - 0.12 if at == "above" else b.y1 + 0.12
+            d.text(left, ty, name, size=_NAME_PT, weight="bold", colour=INK, ha="left")
+            d.text(left + wn + 0.07, ty, shape, ha="left")
+        return b
+
+    def draw(d: Diagram) -> str:
+        wD, wE, wV = d.ext(D), d.ext(E), d.ext(V)
+        hH = max(rows * max(d.cell, 0.17), 1.3)  # a row per token, tall enough for its label and the column beside H
+        row_h = hH / rows
+        x0 = 0.4  # room for the tokens left of H
+        top = 0.35  # the decoder's inputs s_{i-1} and y_{i-1}
+        y_att = top + 0.95  # the attention's first operation, level with H's top part
+        H = d.block((x0 + wD / 2, y_att - 0.1 + hH / 2), S, D, role="state", name="encoder states H",
+                    name_at="above", shape=shp("S", "D"), shape_at="left" if False else "below", height=hH)
+        for j, word in enumerate(words):
+            d.text(x0 - 0.06, H.y0 + (j + 0.5) * row_h, word, size=_SMALL_PT, colour=INK, ha="right")
+        first = "summary c" if kind == "none" else "summary c, the first state s₋₁"
+        c = vector(d, (H.center[0], H.y1 + 0.75), D, "state", first, "D", at="below")
+        d.arrow((H.center[0], H.y1 + 0.38), c.top, label="[→hₛ₋₁; ←h₀]", label_at="right")
+        steps = [f"the encoder's states H {shp.alt('S', 'D')}, one row hⱼ per source token, and the summary c "
+                 f"{shp.alt('D')}, the forward state at the last token and the backward state at the first"
+                 + ("" if kind == "none" else ", which is the decoder's first state s₋₁")]
+        x_b = H.x1 + 0.4 + 0.95  # the attention column's centre
+        x_c = x_b + 1.15 + wD / 2 if kind != "none" else H.x1 + 0.9 + wD / 2  # the recurrent column's centre
+
+        def inputs(query, top=top):
+            s_prev = vector(d, (x_c, top), D, "query" if query else "state", "sᵢ₋₁", "D", at="above")
+            label_w = lambda name, key: _text_box(name, _NAME_PT, "bold")[0] + 0.07 + _text_box(  # noqa: E731
+                shp.alt(key) if shapes == "both" else shp(key), _SMALL_PT)[0]
+            x_y = max(s_prev.x1 + 0.3 + wE / 2, x_c + label_w("sᵢ₋₁", "D") / 2 + 0.25 + label_w("yᵢ₋₁", "E") / 2)
+            y_prev = vector(d, (x_y, top), E, "input", "yᵢ₋₁", "E", at="above")
+            return s_prev, y_prev
+
+        def attention(query_point, score_words):
+            """The attention over H: scores and softmax, the weights, the weighted sum, the context c_i."""
+            att = d.op((x_b, y_att), score_words)
+            if query_point[1] < att.y0:  # from above: across, then down into the top
+                d.arrow(query_point, att.top, via=[(att.center[0], query_point[1])])
+            else:  # from below and to the right: across, up, then into the right side
+                turn = att.x1 + 0.3
+                d.arrow(query_point, att.right, via=[(turn, query_point[1]), (turn, att.center[1])])
+            d.arrow((H.x1, att.center[1]), att.left, label="hⱼ", label_at="below")
+            weights = np.exp(-0.5 * (np.arange(rows) - 0.7 * (rows - 1)) ** 2 / 1.0)[None, :]
+            alpha = vector(d, (x_b, att.y1 + 0.35), S, "weight", "αᵢ", "S", at="left", values=weights)
+            d.arrow(att.bottom, alpha.top)
+            total = d.op((x_b, alpha.y1 + 0.45), "Σⱼ αᵢⱼ hⱼ")
+            d.arrow(alpha.bottom, total.top)
+            d.arrow((H.x1, total.center[1]), total.left, label="hⱼ", label_at="below")
+            ctx = vector(d, (x_b, total.y1 + 0.35), D, "output", "cᵢ", "D", at="left")
+            d.arrow(total.bottom, ctx.top)
+            return ctx
+
+        if kind == "none":
+            s_prev, y_prev = inputs(False, top=H.center[1])
+            gru = d.op((x_c, c.center[1]), "GRU([yᵢ₋₁; c], sᵢ₋₁)")
+            d.arrow(s_prev.bottom, (x_c - 0.25, gru.y0), via=[(s_prev.center[0], s_prev.y1 + 0.3),
+                                                                (x_c - 0.25, s_prev.y1 + 0.3)])
+            d.arrow(y_prev.bottom, (x_c + 0.25, gru.y0), via=[(y_prev.center[0], s_prev.y1 + 0.45),
+                                                                (x_c + 0.25, s_prev.y1 + 0.45)])
+            d.arrow(c.right, gru.left)
+            s_new = vector(d, (x_c, gru.y1 + 0.4), D, "state", "sᵢ", "D", at="right")
+            d.arrow(gru.bottom, s_new.top)
+            out = d.op((x_c, s_new.y1 + 0.45), "W_o [sᵢ; c]")
+            d.arrow(s_new.bottom, out.top)
+            d.arrow(c.right, out.left, via=[(c.x1 + 0.3, c.center[1]), (c.x1 + 0.3, out.center[1])])
+            steps.append(f"at step i the GRU reads the embedded previous token yᵢ₋₁ {shp.alt('E')}, the summary c "
+                         f"and the previous state sᵢ₋₁ {shp.alt('D')}, and gives the new state sᵢ; the output layer "
+                         "reads [sᵢ; c]; nothing but c leaves the encoder")
+        elif kind == "additive":
+            s_prev, y_prev = inputs(True)
+            ctx = attention((s_prev.x0, top), "vᵀtanh(W sᵢ₋₁ + U hⱼ)\nsoftmax over j")
+            gru = d.op((x_c, ctx.center[1]), "GRU([yᵢ₋₁; cᵢ], sᵢ₋₁)")
+            d.arrow(ctx.right, gru.left)
+            d.arrow(s_prev.bottom, (x_c - 0.25, gru.y0), via=[(s_prev.center[0], s_prev.y1 + 0.3),
+                                                                (x_c - 0.25, s_prev.y1 + 0.3)])
+            d.arrow(y_prev.bottom, (x_c + 0.25, gru.y0), via=[(y_prev.center[0], s_prev.y1 + 0.45),
+                                                                (x_c + 0.25, s_prev.y1 + 0.45)])
+            s_new = vector(d, (x_c, gru.y1 + 0.4), D, "state", "sᵢ", "D", at="right")
+            d.arrow(gru.bottom, s_new.top)
+            out = d.op((x_c, s_new.y1 + 0.45), "W_o [sᵢ; cᵢ]")
+            d.arrow(s_new.bottom, out.top)
+            d.arrow(ctx.bottom, out.left, via=[(ctx.center[0], out.center[1])])
+            steps.append(f"at step i the previous decoder state sᵢ₋₁ {shp.alt('D')} is the query: an additive score "
+                         f"vᵀtanh(W sᵢ₋₁ + U hⱼ) for every row of H, a softmax over j gives the weights αᵢ "
+                         f"{shp.alt('S')}, and their weighted sum of the rows is the context cᵢ {shp.alt('D')}; only "
+                         f"then does the GRU read the embedded previous token yᵢ₋₁ {shp.alt('E')} and cᵢ and give "
+                         "the new state sᵢ; the output layer reads [sᵢ; cᵢ]")
+        else:
+            s_prev, y_prev = inputs(False)
+            gru = d.op((x_c, y_att), "GRU(yᵢ₋₁, sᵢ₋₁)")
+            d.arrow(s_prev.bottom, (x_c - 0.25, gru.y0), via=[(s_prev.center[0], s_prev.y1 + 0.2),
+                                                                (x_c - 0.25, s_prev.y1 + 0.2)])
+            d.arrow(y_prev.bottom, (x_c + 0.25, gru.y0), via=[(y_prev.center[0], s_prev.y1 + 0.35),
+                                                                (x_c + 0.25, s_prev.y1 + 0.35)])
+            s_new = vector(d, (x_c, gru.y1 + 0.4), D, "query", "sᵢ", "D", at="right")
+            d.arrow(gru.bottom, s_new.top)
+            ctx = attention((s_new.x0, s_new.center[1]), "sᵢ · hⱼ\nsoftmax over j")
+            out = d.op((x_c, ctx.center[1]), "W_o tanh(W_c [cᵢ; sᵢ])")
+            d.arrow(ctx.right, out.left)
+            d.arrow(s_new.bottom, out.top)
+            steps.append(f"at step i the GRU first reads the embedded previous token yᵢ₋₁ {shp.alt('E')} and the "
+                         f"previous state sᵢ₋₁ {shp.alt('D')} and gives the new state sᵢ; then sᵢ is the query: a dot "
+                         f"product sᵢ · hⱼ with every row of H, a softmax over j gives the weights αᵢ {shp.alt('S')}, "
+                         f"and their weighted sum of the rows is the context cᵢ {shp.alt('D')}; the output layer "
+                         "reads tanh(W_c [cᵢ; sᵢ])")
+        logits = vector(d, (x_c, out.y1 + 0.35), V, "score", "logits", "V", at="right")
+        d.arrow(out.bottom, logits.top)
+        steps.append(f"the output layer gives one logit per token of the vocabulary {shp.alt('V')}")
+        who = {"none": "without attention", "additive": "with Bahdanau's attention",
+               "dot": "with Luong's attention"}[kind]
+        return f"Diagram of an RNN encoder-decoder {who}, at decoder step i: " + "; ".join(steps) + "."
 
     return _fit(draw)
 

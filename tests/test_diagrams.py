@@ -36,11 +36,18 @@ CASES = {
     "attention_huge_cross": lambda: dg.attention_flow(L=4096, S=8192, D=128, heads=32, projections=False),
     "head_split": lambda: dg.head_split(L=5, E=12, H=3),
     "head_split_huge": lambda: dg.head_split(L=2048, E=4096, H=32, batch=4),
+    "head_layouts_split": lambda: dg.head_layouts(T=5, E=12, H=3),
+    "head_layouts_merge": lambda: dg.head_layouts(T=7, E=24, H=6, step="merge"),
     "multihead": lambda: dg.multihead_flow(L=5, E=12, H=3),
     "multihead_gqa": lambda: dg.multihead_flow(L=6, E=32, H=8, kv_heads=2, batch=2, legend=True),
     "multihead_huge": lambda: dg.multihead_flow(L=4096, E=8192, H=64, kv_heads=8),
     "seq2seq_additive": lambda: dg.seq2seq_attention(S=6, D=8),
     "seq2seq_dot_long": lambda: dg.seq2seq_attention(S=40, D=512, kind="dot"),
+    "encoder_decoder_none": lambda: dg.encoder_decoder_step("none", S=8, E=16, D=64, V=12),
+    "encoder_decoder_additive": lambda: dg.encoder_decoder_step("additive", S=8, E=16, D=64, V=12, tokens=list("52163779")),
+    "encoder_decoder_dot": lambda: dg.encoder_decoder_step("dot", S=8, E=16, D=64, V=12),
+    "encoder_decoder_small": lambda: dg.encoder_decoder_step("additive", S=1, E=1, D=1, V=2),
+    "encoder_decoder_huge": lambda: dg.encoder_decoder_step("dot", S=500, E=512, D=1024, V=30000),
     "positional": lambda: dg.positional_flow(L=6, E=16),
     "positional_huge": lambda: dg.positional_flow(L=2048, E=1024, kind="learned"),
     "transformer": lambda: dg.transformer_flow(S=7, T=6, E=16, N=2, V=30),
@@ -292,6 +299,9 @@ def test_large_sizes_are_clamped_but_still_grow():
     (lambda: dg.multihead_flow(H=4, E=8, kv_heads=3), "kv_heads"),
     (lambda: dg.seq2seq_attention(kind="general"), "kind"),
     (lambda: dg.seq2seq_attention(S=3, tokens=["a"]), "tokens"),
+    (lambda: dg.encoder_decoder_step("general"), "kind"),
+    (lambda: dg.encoder_decoder_step(S=3, tokens=["a"]), "tokens"),
+    (lambda: dg.encoder_decoder_step(V=0), "V"),
     (lambda: dg.positional_flow(kind="rotary"), "kind"),
     (lambda: dg.tiled_attention_flow(S=12, block_k=3, tile=4), "tile"),
     (lambda: dg.tiled_attention_flow(S=100, block_k=3), "block_k"),
@@ -315,6 +325,30 @@ def test_bad_arguments_say_which_argument(call, match):
 def test_arguments_of_the_wrong_type_are_refused(call, match):
     with pytest.raises(TypeError, match=match):
         call()
+
+
+def test_encoder_decoder_step_draws_each_decoder_in_its_order():
+    """Bahdanau attends with s_(i-1) before the GRU; Luong updates first and attends with s_i; without
+    attention nothing is scored and only the summary reaches the decoder."""
+    def ops(fig):
+        return {p.get_gid()[3:]: p.get_extents().y0 for p in patches(fig, "op:")}  # display y: up is larger
+
+    bahdanau, luong, plain = (dg.encoder_decoder_step(kind) for kind in ("additive", "dot", "none"))
+    for fig in (bahdanau, luong, plain):
+        fig.canvas.draw()
+    b, l, n = ops(bahdanau), ops(luong), ops(plain)
+    score_b = next(k for k in b if "softmax" in k and "tanh" in k)
+    score_l = next(k for k in l if "softmax" in k and "·" in k)
+    assert b[score_b] > b["GRU([yᵢ₋₁; cᵢ], sᵢ₋₁)"]  # the score is drawn above, i.e. before, the GRU
+    assert l["GRU(yᵢ₋₁, sᵢ₋₁)"] > l[score_l]  # the GRU before the score
+    assert not any("softmax" in k for k in n) and "GRU([yᵢ₋₁; c], sᵢ₋₁)" in n
+    assert patches(bahdanau, "block:query:") and patches(luong, "block:query:") and not patches(plain, "block:query:")
+    assert "previous decoder state sᵢ₋₁ (D,) = (64,) is the query" in dg.alt_text(bahdanau)
+    assert "then sᵢ is the query" in dg.alt_text(luong) and "nothing but c leaves the encoder" in dg.alt_text(plain)
+    words = {t.get_text() for t in texts(bahdanau)}
+    assert {"x₀", "x₇", "(S, D)\n(8, 64)", "(V,) = (12,)"} <= words, words
+    for fig in (bahdanau, luong, plain):
+        plt.close(fig)
 
 
 def test_primitives_compose_a_new_diagram():
@@ -388,3 +422,27 @@ def test_sync_alt_texts_writes_the_diagrams_text_into_the_metadata(tmp_path):
 @pytest.mark.parametrize("path", sorted(CHAPTERS.glob("*.ipynb")), ids=lambda p: p.name)
 def test_every_chapter_diagram_has_its_alt_text_in_the_cell_metadata(path):
     assert stale_alt_texts(json.loads(path.read_text(encoding="utf-8"))) == []
+
+
+@pytest.mark.parametrize("T, E, H", [(5, 12, 3), (7, 24, 6), (4, 6, 2), (3, 4, 1)])
+def test_head_layouts_draws_the_tokens_that_torch_puts_in_each_head(T, E, H):
+    """The alt text names the tokens of the wrong split's 'head' 0 and of the wrong merge's row 0: they are
+    what torch's view(H, T, D) and reshape(T, E) of the (H, T, D) heads put there."""
+    D = E // H
+    token = torch.arange(T)[:, None].expand(T, E).contiguous()  # each number of x is its token's index
+    split = dg.alt_text(dg.head_layouts(T, E, H, step="split"))
+    wrong_head = token.view(H, T, D)[0, :, 0].tolist()  # the bug, on one sequence
+    assert f"'head' 0 holds tokens {', '.join(map(str, wrong_head))} in its rows" in split, split
+    assert token.view(T, H, D).transpose(0, 1)[0, :, 0].tolist() == list(range(T))  # the right split: token t in row t
+    heads = token.view(T, H, D).transpose(0, 1).contiguous()  # (H, T, D)
+    merge = dg.alt_text(dg.head_layouts(T, E, H, step="merge"))
+    row0 = sorted(set(heads.reshape(T, E)[0].tolist()))  # merged without the transpose
+    assert f"fills row 0 with tokens {', '.join(map(str, row0))} of head 0" in merge, merge
+    torch.testing.assert_close(heads.transpose(0, 1).reshape(T, E), token)  # with it: x again
+
+
+@pytest.mark.parametrize("kwargs, match", [({"T": 11}, "T must be at most 10"), ({"E": 25, "H": 5}, "E at most 24"),
+                                           ({"E": 12, "H": 5}, "divisible"), ({"step": "both"}, "step must be")])
+def test_head_layouts_refuses_what_it_cannot_draw(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dg.head_layouts(**kwargs)
