@@ -16,8 +16,8 @@ diagram's text into its cell's metadata; ``tests/test_diagrams.py`` fails while 
 lacks it, and nbval fails when the code changes the text. An author may add sentences after it.
 
 Builders (chapter): :func:`seq2seq_attention` (01), :func:`attention_flow` (02 ``simple=True``, 03,
-04 ``mask=...``, 09 ``rotary=True``/``bias="alibi"``, 10 ``mask="sliding"``), :func:`head_split` and
-:func:`multihead_flow` (05; 10 with ``kv_heads``), :func:`positional_flow` (06),
+04 ``mask=...``, 09 ``rotary=True``/``bias="alibi"``, 10 ``mask="sliding"``), :func:`head_split`,
+:func:`head_layouts` and :func:`multihead_flow` (05; 10 with ``kv_heads``), :func:`positional_flow` (06),
 :func:`transformer_flow` (07), :func:`tiled_attention_flow` and :func:`kv_cache_flow` (08; 10 with
 ``window``), :func:`rotary_pairs` (09), :func:`grouped_heads` (10), :func:`latent_attention_flow` (11),
 :func:`linear_attention_flow` (12). Sizes are keyword integers; ``names`` renames the symbols in the
@@ -1070,15 +1070,15 @@ def head_layouts(T: int = 5, E: int = 12, H: int = 3, *, step: str = "split"):
     and through ``reshape(B, T, E)`` without the transpose (rows mix tokens).
 
     Args:
-        T: tokens (at most 10). E: model width (at most 24). H: heads (``E % H == 0``; D = E / H).
+        T: tokens (at most 10). E: model width (at most 16). H: heads (``E % H == 0``; D = E / H).
         step: "split" or "merge".
 
     Returns:
         The ``Figure``; its alt text is ``fig.attn_alt``.
     """
     T, E, H = _size(T, "T"), _size(E, "E"), _size(H, "H")
-    if T > 10 or E > 24:
-        raise ValueError(f"head_layouts draws every cell with its token: T must be at most 10 and E at most 24, "
+    if T > 10 or E > 16:
+        raise ValueError(f"head_layouts draws every cell with its token: T must be at most 10 and E at most 16, "
                          f"got T={T} and E={E}")
     D = _heads_check(E, H)
     if step not in ("split", "merge"):

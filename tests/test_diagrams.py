@@ -37,7 +37,7 @@ CASES = {
     "head_split": lambda: dg.head_split(L=5, E=12, H=3),
     "head_split_huge": lambda: dg.head_split(L=2048, E=4096, H=32, batch=4),
     "head_layouts_split": lambda: dg.head_layouts(T=5, E=12, H=3),
-    "head_layouts_merge": lambda: dg.head_layouts(T=7, E=24, H=6, step="merge"),
+    "head_layouts_merge": lambda: dg.head_layouts(T=7, E=16, H=4, step="merge"),
     "multihead": lambda: dg.multihead_flow(L=5, E=12, H=3),
     "multihead_gqa": lambda: dg.multihead_flow(L=6, E=32, H=8, kv_heads=2, batch=2, legend=True),
     "multihead_huge": lambda: dg.multihead_flow(L=4096, E=8192, H=64, kv_heads=8),
@@ -424,7 +424,7 @@ def test_every_chapter_diagram_has_its_alt_text_in_the_cell_metadata(path):
     assert stale_alt_texts(json.loads(path.read_text(encoding="utf-8"))) == []
 
 
-@pytest.mark.parametrize("T, E, H", [(5, 12, 3), (7, 24, 6), (4, 6, 2), (3, 4, 1)])
+@pytest.mark.parametrize("T, E, H", [(5, 12, 3), (7, 16, 4), (4, 6, 2), (3, 4, 1), (10, 16, 8)])
 def test_head_layouts_draws_the_tokens_that_torch_puts_in_each_head(T, E, H):
     """The alt text names the tokens of the wrong split's 'head' 0 and of the wrong merge's row 0: they are
     what torch's view(H, T, D) and reshape(T, E) of the (H, T, D) heads put there."""
@@ -441,7 +441,7 @@ def test_head_layouts_draws_the_tokens_that_torch_puts_in_each_head(T, E, H):
     torch.testing.assert_close(heads.transpose(0, 1).reshape(T, E), token)  # with it: x again
 
 
-@pytest.mark.parametrize("kwargs, match", [({"T": 11}, "T must be at most 10"), ({"E": 25, "H": 5}, "E at most 24"),
+@pytest.mark.parametrize("kwargs, match", [({"T": 11}, "T must be at most 10"), ({"E": 18, "H": 3}, "E at most 16"),
                                            ({"E": 12, "H": 5}, "divisible"), ({"step": "both"}, "step must be")])
 def test_head_layouts_refuses_what_it_cannot_draw(kwargs, match):
     with pytest.raises(ValueError, match=match):
