@@ -52,7 +52,8 @@ def _check_positions(x: torch.Tensor, start: int, d_model: int, max_len: int, ad
     if x.size(-1) != d_model:
         raise ValueError(f"x must have last dimension d_model={d_model}, got shape {tuple(x.shape)}")
     if start + T > max_len:
-        raise ValueError(f"positions up to {start + T} were asked for but max_len={max_len}; {advice}")
+        raise ValueError(f"positions {start} to {start + T - 1} were asked for, but max_len={max_len} covers "
+                         f"positions 0 to {max_len - 1}; {advice}")
     return T
 
 

@@ -157,9 +157,9 @@ def test_positional_encoding_max_len_is_a_hard_limit():
     module = ac.PositionalEncoding(4, max_len=10)
     module(torch.zeros(1, 10, 4))  # exactly max_len works
     module(torch.zeros(1, 3, 4), start=7)
-    with pytest.raises(ValueError, match=r"positions up to 11.*max_len=10"):
+    with pytest.raises(ValueError, match=r"positions 0 to 10 were asked for, but max_len=10 covers positions 0 to 9"):
         module(torch.zeros(1, 11, 4))
-    with pytest.raises(ValueError, match=r"positions up to 11.*max_len=10"):
+    with pytest.raises(ValueError, match=r"positions 8 to 10 .*max_len=10"):
         module(torch.zeros(1, 3, 4), start=8)
 
 
@@ -202,9 +202,9 @@ def test_learned_embedding_trains_only_the_positions_it_sees():
 def test_learned_embedding_cannot_go_beyond_max_len():
     module = ac.LearnedPositionalEmbedding(max_len=8, d_model=4)
     module(torch.zeros(1, 8, 4))
-    with pytest.raises(ValueError, match=r"positions up to 9.*max_len=8"):
+    with pytest.raises(ValueError, match=r"positions 0 to 8 .*max_len=8 covers positions 0 to 7"):
         module(torch.zeros(1, 9, 4))
-    with pytest.raises(ValueError, match=r"positions up to 10.*max_len=8"):
+    with pytest.raises(ValueError, match=r"positions 8 to 9 .*max_len=8"):
         module(torch.zeros(1, 2, 4), start=8)
 
 
