@@ -173,8 +173,11 @@ def main(argv: list[str]) -> int:
         elapsed = execute(nb, path)
         nbformat.write(nb, path)
         recorded = recorded_seconds(nb)
-        print(f"{path}: executed in {elapsed:.1f} s; the notebook records {recorded:.1f} s from its first cell to "
-              f"its last. For the header's **Time** line: \"{run_time_phrase(recorded)}\"", flush=True)
+        if recorded is None:
+            print(f"{path}: executed in {elapsed:.1f} s (the notebook records no cell times)", flush=True)
+        else:
+            print(f"{path}: executed in {elapsed:.1f} s; the notebook records {recorded:.1f} s from its first cell to "
+                  f"its last. For the header's **Time** line: \"{run_time_phrase(recorded)}\"", flush=True)
         if not check:
             continue
         other = copy.deepcopy(source)
