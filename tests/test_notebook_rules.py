@@ -56,7 +56,6 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
         "01_why_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
-        "02_simple_self_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "03_scaled_dot_product_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "04_causal_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "05_multi_head_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
@@ -68,7 +67,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     },
     "prose_run_time": {
         "01_why_attention": "header: 'runs in under a minute', the record is 127 s",
-        "02_simple_self_attention": "header: 'runs in a few seconds', the record is 18 s",
         "03_scaled_dot_product_attention": "header: 'runs in under 20 seconds', the record is 25 s",
         "04_causal_attention": "header: 'runs in under 20 seconds', the record is 35 s",
         "05_multi_head_attention": "header: 'runs in under a minute', the record is 105 s",
@@ -81,7 +79,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     },
     "predict_answer": {
         "01_why_attention": "cell 50's prediction (a decoder fed its own target) is answered in the open in cell 56",
-        "02_simple_self_attention": "cell 36's and cell 41's predictions are answered in the open in cells 41 and 46",
         "07_character_translator": "cell 83's prediction (post-norm's final LayerNorm) is answered in the open in cell 87",
     },
     "torch_error_text": {

@@ -212,7 +212,8 @@ def test_grading_runs_the_real_checks_afresh(tmp_path, capsys):
     graded = {row[2]: row for row in rows[1:] if row[0] == "alice_02.ipynb" and row[2] != "-"}
     assert {name: row[3] for name, row in graded.items()} == {
         "check_stable_softmax": "correct", "check_batched_self_attention": "error",
-        "check_attention_without_self": "correct", "check_cosine_self_attention": "not attempted"}, rows
+        "check_attention_without_self": "correct", "check_cosine_self_attention": "not attempted",
+        "check_shuffled_attention": "not attempted"}, rows
     assert "its check cell is missing" in graded["check_attention_without_self"][4]
     assert "a bug" in graded["check_batched_self_attention"][4]
     assert any(row[0] == "bob_02.ipynb" and row[3] == "unreadable" for row in rows), rows
