@@ -304,7 +304,7 @@ def test_every_module_is_reexported():
     """The chapter's sections are modules; every public name of each is importable from attn_course.translator."""
     import importlib
 
-    for name in ("language", "vocab", "model", "training", "decoding", "checkpoints", "cli"):
+    for name in ("language", "vocab", "model", "training", "decoding", "analysis", "checkpoints", "cli"):
         module = importlib.import_module(f"attn_course.translator.{name}")
         for public in module.__all__:
             assert getattr(tr, public) is getattr(module, public), f"{name}.{public} is not re-exported"

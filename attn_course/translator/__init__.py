@@ -5,8 +5,12 @@ The chapter's sections, one module each (every public name is importable from he
     language.py     section 1  the toy grammar: Lexicon, toy_pairs, reference_translation, held_out_pairs
     vocab.py        section 2  characters <-> ids: CharVocab, pad_sequences
     model.py        section 3  Translator (the package's Transformer and its two vocabularies), build_translator
-    training.py     section 4  train_step (one step of teacher forcing) and train (the whole run)
-    decoding.py     sections 5-6  translate (greedy or sampled, with attention maps), evaluate
+    training.py     section 4  train_step (one step of teacher forcing), train (the whole run) and
+                               fine_tune (more steps for a trained model, exercise 1)
+    decoding.py     sections 5-6  translate (greedy or sampled, with attention maps), evaluate,
+                                  beam_search and beam_translate (exercise 3)
+    analysis.py     sections 6-7  reading the attention maps: word_attention, alignment_scores,
+                                  entropy_share, attention_grid
     checkpoints.py  save_checkpoint, load_checkpoint
     cli.py          the command line (``python -m attn_course.translator``)
 
@@ -23,12 +27,15 @@ Command line (``python -m attn_course.translator --help``)::
 
 from __future__ import annotations
 
+from .analysis import (alignment_scores, attention_grid, entropy_share, visible_spaces, word_attention,
+                       word_dictionary, word_ticks, words_of)
 from .checkpoints import load_checkpoint, save_checkpoint
 from .cli import main
-from .decoding import evaluate, translate
+from .decoding import beam_search, beam_translate, evaluate, next_char_log_probs, translate
 from .language import (
     ARTICLES,
     DEFAULT_LEXICON,
+    ELIDING_INITIALS,
     GENDERS,
     POSITIONS,
     Lexicon,
@@ -37,10 +44,11 @@ from .language import (
     french_noun_phrase,
     held_out_pairs,
     reference_translation,
+    sentence_probability,
     toy_pairs,
 )
 from .model import Translator, build_translator
-from .training import TrainingSettings, train, train_step
+from .training import TrainingSettings, fine_tune, train, train_step
 from .vocab import SOURCE_ALPHABET, TARGET_ALPHABET, CharVocab, pad_sequences
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "english_noun_phrase",
     "reference_translation",
     "count_sentences",
+    "sentence_probability",
     "toy_pairs",
     "CharVocab",
     "pad_sequences",
@@ -58,8 +67,20 @@ __all__ = [
     "build_translator",
     "train",
     "train_step",
+    "fine_tune",
     "translate",
     "evaluate",
+    "next_char_log_probs",
+    "beam_search",
+    "beam_translate",
+    "words_of",
+    "word_attention",
+    "word_dictionary",
+    "alignment_scores",
+    "entropy_share",
+    "word_ticks",
+    "visible_spaces",
+    "attention_grid",
     "held_out_pairs",
     "save_checkpoint",
     "load_checkpoint",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -13,7 +13,7 @@ from .model import Translator
 from .training import _check_pairs
 from .vocab import CharVocab
 
-__all__ = ["translate", "evaluate"]
+__all__ = ["translate", "evaluate", "next_char_log_probs", "beam_search", "beam_translate"]
 
 
 def _decode_step_cached(transformer: Transformer, new_tokens: torch.Tensor, memory: torch.Tensor,
@@ -209,3 +209,86 @@ def evaluate(model: Translator, pairs: Sequence[tuple[str, str]], *, batch_size:
         "num_sentences": len(pairs),
         "mistakes": mistakes,
     }
+
+
+def next_char_log_probs(model: Translator, english: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The translator as a next-character distribution for one English sentence.
+
+    The sentence is encoded once; the returned function runs the decoder over whole prefixes (no
+    cache: the prefixes of a beam change from step to step) and gives the log-probabilities of the
+    character after each.
+
+    Args:
+        model: a trained :class:`Translator`.
+        english: one English sentence.
+
+    Returns:
+        ``next_log_probs(prefixes)``: target ids ``(N, t)``, each starting with the start symbol ->
+        log-probabilities ``(N, V)`` of the next character (rows of equal length ``t``).
+    """
+    if not isinstance(model, Translator):
+        raise TypeError(f"model must be a Translator (as train() returns), got {describe(model)}")
+    if not isinstance(english, str):
+        raise TypeError(f"english must be one sentence (a str), got {describe(english)}")
+    device = next(model.parameters()).device
+    src = model.encode_sources([english]).to(device)  # (1, S)
+    transformer = model.transformer
+    model.eval()
+    with torch.no_grad():
+        memory, _ = transformer.encode(src)  # (1, S, E)
+    padding = transformer.padding_of(src)  # (1, S)
+
+    @torch.no_grad()
+    def next_log_probs(prefixes: torch.Tensor) -> torch.Tensor:
+        prefixes = torch.as_tensor(prefixes, device=device)
+        if prefixes.dim() != 2 or prefixes.is_floating_point() or prefixes.size(1) < 1:
+            raise ValueError(f"prefixes must be (N, t) target ids starting with the start symbol, got {describe(prefixes)}")
+        N = prefixes.size(0)
+        logits, _ = transformer.decode(prefixes, memory.expand(N, -1, -1), padding.expand(N, -1))  # (N, t, V)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
+
+    return next_log_probs
+
+
+def beam_search(next_log_probs: Callable[[torch.Tensor], torch.Tensor], beam_width: int, max_len: int, *,
+                start_id: int = CharVocab.start_id, end_id: int = CharVocab.end_id) -> list[int]:
+    """Beam search: the best sequence found by keeping the ``beam_width`` best prefixes at every step.
+
+    A prefix's score is the sum of the log-probabilities of its tokens. At each step every unfinished
+    prefix is extended by every token; finished prefixes (ending with ``end_id``) stay as they are; of
+    all of these, the ``beam_width`` with the highest scores survive. The search stops when every
+    survivor is finished or after ``max_len`` tokens, and returns the best survivor. A score can
+    only fall as a prefix grows, so once the best survivor is finished nothing can overtake it.
+    ``beam_width=1`` is greedy decoding.
+
+    Args:
+        next_log_probs: prefixes ``(N, t)`` (start symbol first) -> next-token log-probabilities ``(N, V)``.
+        beam_width: how many prefixes survive each step.
+        max_len: the longest sequence, in tokens after the start symbol.
+        start_id, end_id: the start and end symbols.
+
+    Returns:
+        The token ids after the start symbol, the end symbol included when the sequence finished.
+    """
+    check_positive_int("beam_width", beam_width)
+    check_positive_int("max_len", max_len)
+    beams = [([start_id], 0.0)]  # (ids, score), best first
+    for _ in range(max_len):
+        alive = [(ids, score) for ids, score in beams if ids[-1] != end_id]
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))  # (N, V)
+        candidates = [(ids, score) for ids, score in beams if ids[-1] == end_id]  # finished: kept as they are
+        for (ids, score), row in zip(alive, log_probs.double().cpu()):
+            best = torch.topk(row, min(beam_width, row.numel()))  # only a prefix's top tokens can survive
+            candidates += [(ids + [int(token)], score + float(value)) for value, token in zip(best.values, best.indices)]
+        beams = sorted(candidates, key=lambda candidate: -candidate[1])[:beam_width]
+    return beams[0][0][1:]
+
+
+def beam_translate(model: Translator, english: str, beam_width: int = 2, max_new_tokens: int | None = None) -> str:
+    """Translate one sentence with :func:`beam_search` (``beam_width=1`` gives what :func:`translate` gives)."""
+    max_new_tokens = model.config.max_len - 1 if max_new_tokens is None else max_new_tokens
+    check_positive_int("max_new_tokens", max_new_tokens)
+    ids = beam_search(next_char_log_probs(model, english), beam_width, max_new_tokens)
+    return model.target_vocab.decode(ids)

@@ -6,8 +6,11 @@
   a few precede it (*the small cat* -> *le petit chat*);
 - articles and adjectives agree with the noun's gender (*the* -> *le*, *la* or *l'*; *green* ->
   *vert* or *verte*; *white* -> *blanc* or *blanche*), so one English word has several French spellings;
-- elision: *le* and *la* become *l'* before a vowel (accented or not: *école*, *île*) or a mute h,
-  but not when an adjective comes between (*the big tree* -> *le grand arbre*).
+- elision: *le* and *la* become *l'* before a vowel (accented or not: *école*, *île*, *âne*, *œuf*) or
+  a mute h (*l'homme*), but not when an adjective comes between (*the big tree* -> *le grand arbre*).
+  French does not elide before an aspirated h (*le héros*) or a consonant y (*le yaourt*); which h
+  is aspirated is a property of each word, not of its spelling, and the lexicon's only h-noun,
+  *homme*, has a mute one, so the rule here elides before every h and never before y.
 
 :func:`count_sentences` = 1,179,648 distinct sentences; :func:`toy_pairs` draws training pairs and
 :func:`held_out_pairs` test pairs that are not among them.
@@ -24,12 +27,14 @@ from .._checks import check_positive_int, describe
 
 __all__ = [
     "Lexicon", "DEFAULT_LEXICON", "ARTICLES", "english_noun_phrase", "french_noun_phrase",
-    "reference_translation", "count_sentences", "toy_pairs", "held_out_pairs",
+    "reference_translation", "count_sentences", "sentence_probability", "toy_pairs", "held_out_pairs",
 ]
 
 GENDERS = ("m", "f")
 POSITIONS = ("before", "after")
-_ELIDING_INITIALS = set("aeiouyàâéèêëîïôûùüh")  # every h of the lexicon is mute (homme)
+# Vowels, accented or not (and the ligature œ), and h: every h of the lexicon is mute (homme). A y is a
+# consonant here (le yaourt).
+ELIDING_INITIALS = frozenset("aeiouàâäéèêëîïôöûùüœæh")
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ def french_noun_phrase(article: str, adjective: tuple | None, noun: str, gender:
         words = [form, noun] if position == "before" else [noun, form]
     if article == "a":
         return " ".join(["un" if gender == "m" else "une", *words])
-    if words[0][0] in _ELIDING_INITIALS:
+    if words[0][0] in ELIDING_INITIALS:
         return "l'" + " ".join(words)  # elision: l'arbre, l'école (no space after the apostrophe)
     return " ".join(["le" if gender == "m" else "la", *words])
 
@@ -149,6 +154,28 @@ def count_sentences(lexicon: Lexicon = DEFAULT_LEXICON) -> int:
     """How many distinct sentences the grammar has: ``(noun phrases)^2 * verbs``."""
     phrases = 2 * (len(lexicon.adjectives) + 1) * len(lexicon.nouns)
     return phrases * phrases * len(lexicon.verbs)
+
+
+def sentence_probability(english: str, lexicon: Lexicon = DEFAULT_LEXICON, adjective_rate: float = 0.5) -> float:
+    """The chance that one draw of :func:`toy_pairs`' generator is ``english``.
+
+    A sentence is a noun phrase, a verb and a noun phrase, drawn independently:
+    ``P = P(subject) * 1 / verbs * P(object)``; a noun phrase is an article (1 in 2), then an
+    adjective (``adjective_rate / adjectives`` for a given one) or none (``1 - adjective_rate``), then
+    a noun (``1 / nouns``). (:func:`toy_pairs` redraws a sentence it already has, so its pairs are
+    distinct; this is the chance of one draw before that.)
+    """
+    reference_translation(english, lexicon)  # raises unless the sentence belongs to the language
+    words = ["a" if word == "an" else word for word in english.split()]
+
+    def noun_phrase(i: int) -> tuple[float, int]:  # the probability of the phrase starting at word i, where it ends
+        has_adjective = words[i + 1] in lexicon.adjectives
+        adjective = adjective_rate / len(lexicon.adjectives) if has_adjective else 1 - adjective_rate
+        return (1 / len(ARTICLES)) * adjective / len(lexicon.nouns), i + 2 + has_adjective
+
+    p_subject, verb_at = noun_phrase(0)
+    p_object, _ = noun_phrase(verb_at + 1)
+    return p_subject / len(lexicon.verbs) * p_object
 
 
 def reference_translation(english: str, lexicon: Lexicon = DEFAULT_LEXICON) -> str:

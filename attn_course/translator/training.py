@@ -19,7 +19,7 @@ from ..utils import get_device
 from .model import Translator, build_translator
 from .vocab import CharVocab, pad_sequences
 
-__all__ = ["TrainingSettings", "train", "train_step"]
+__all__ = ["TrainingSettings", "train", "train_step", "fine_tune"]
 
 
 @dataclass(frozen=True)
@@ -215,4 +215,64 @@ def train(
     seconds = time.perf_counter() - start
     history["seconds"] = seconds
     history["sentences_per_second"] = sentences_seen / max(seconds, 1e-9)
+    return model.eval(), history
+
+
+def fine_tune(model: Translator, pairs: Sequence[tuple[str, str]], *, steps: int, batch_size: int = 32,
+              learning_rate: float = 1e-3, seed: int = 0, weight_decay: float = 0.01,
+              grad_clip: float = 1.0) -> tuple[Translator, dict]:
+    """Train an already trained :class:`Translator` further, for ``steps`` steps on ``pairs``.
+
+    The model keeps its vocabularies, so every character of ``pairs`` must be in them (the target
+    vocabulary of :func:`train` holds every French letter, accented ones included). Batches are
+    drawn as in :func:`train` (sentences of similar length together, in random order, again and
+    again); AdamW's learning rate rises over the first 5% of the steps and decays along half a
+    cosine. To teach a new word without forgetting the old ones, mix pairs that use it with old
+    pairs.
+
+    Args:
+        model: the model to train further (changed in place, returned in eval mode).
+        pairs: the training pairs.
+        steps: how many steps.
+        batch_size, learning_rate, weight_decay, grad_clip: as in :class:`TrainingSettings`.
+        seed: the batch order.
+
+    Returns:
+        ``(model, history)`` with ``history["loss"]``, one entry per step, and ``"seconds"``.
+    """
+    if not isinstance(model, Translator):
+        raise TypeError(f"model must be a Translator (as train() returns), got {describe(model)}")
+    _check_pairs(pairs)
+    check_positive_int("steps", steps)
+    check_positive_int("seed", seed, allow_zero=True)
+    settings = TrainingSettings(batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
+                                grad_clip=grad_clip)
+    for i, (english, french) in enumerate(pairs):
+        for name, text, vocab in (("English", english, model.source_vocab), ("French", french, model.target_vocab)):
+            missing = vocab.unknown(text)
+            if missing:
+                raise ValueError(f"pairs[{i}]: the {name} {text!r} has character(s) {missing} outside the model's "
+                                 "vocabulary; a model cannot learn a character it has no id for")
+    device = next(model.parameters()).device
+    source_rows = [model.source_vocab.encode(e) for e, _ in pairs]
+    target_rows = [model.target_vocab.encode(f, add_start=True, add_end=True) for _, f in pairs]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.98),
+                                  weight_decay=settings.weight_decay)
+    warmup_steps = max(1, int(settings.warmup_fraction * steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (step + 1) / warmup_steps if step < warmup_steps
+                                                  else 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / max(1, steps - warmup_steps))))
+    rng = random.Random(seed)
+    history = {"loss": []}
+    start = time.perf_counter()
+    batches: list[list[int]] = []
+    model.train()
+    while len(history["loss"]) < steps:
+        if not batches:
+            batches = _length_buckets([len(r) for r in target_rows], settings.batch_size, rng)
+        batch = batches.pop()
+        src = pad_sequences([source_rows[i] for i in batch], CharVocab.pad_id, device)  # (B, S)
+        tgt = pad_sequences([target_rows[i] for i in batch], CharVocab.pad_id, device)  # (B, T + 1)
+        history["loss"].append(train_step(model, optimizer, src, tgt, grad_clip=settings.grad_clip).item())
+        scheduler.step()
+    history["seconds"] = time.perf_counter() - start
     return model.eval(), history
