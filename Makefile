@@ -30,6 +30,13 @@ PYTEST_ARGS ?=
 export GOMP_SPINCOUNT ?= 10000
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# Two test files at a time (pytest-xdist, --dist loadfile: each file runs whole on one worker, so each
+# chapter still runs top to bottom in one kernel, its cells in order; a worker takes the next file
+# when it is nearly done with its own). One file at a time leaves a core idle most of the time
+# (one-thread test modules, the site's build, pip in the Colab test, small models that gain little
+# from a second thread, and the second pass's one-thread chapters). JOBS=1: one file at a time.
+JOBS ?= 2
+PARALLEL := $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 # The second numerical path: PyTorch's scalar kernels (every CPU has them; AVX2 and AVX-512 machines
 # round differently from them, and from each other) on one thread (another summation order).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
@@ -39,7 +46,8 @@ OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
 	@echo "make test    run every test: package, chapters (nbval), website in chromium, Colab simulation, student versions,"
-	@echo "             then every chapter again on another numerical path (make test-other-cpu)"
+	@echo "             then every chapter again on another numerical path (make test-other-cpu); two test files at a time"
+	@echo "             (JOBS=1: one at a time)"
 	@echo "make student write _build/student/ (chapters without solutions) and _build/solutions/ (+ zips) for instructors"
 	@echo "make student-check   make student, then run every student notebook top to bottom"
 	@echo "make nbgrader        write an nbgrader course into _build/nbgrader (nbgrader_config.py, source/chNN/);"
@@ -65,12 +73,12 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 test: setup
-	$(PY) -m pytest tests chapters $(NBVAL) -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
+	$(PY) -m pytest chapters tests $(NBVAL) $(PARALLEL) -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-other-cpu
 
 test-other-cpu: setup
 	@echo "Every chapter again, on the scalar CPU kernels with one thread ($(OTHER_CPU)):"
-	$(OTHER_CPU) $(PY) -m pytest chapters $(NBVAL) -p no:cacheprovider $(PYTEST_ARGS)
+	$(OTHER_CPU) $(PY) -m pytest chapters $(NBVAL) $(PARALLEL) -p no:cacheprovider $(PYTEST_ARGS)
 
 # Not part of `make test`: a separate .venv-newest with PyPI's newest torch (a CUDA build of about
 # 2.6 GB) and the newest of everything else, then the package tests and the chapters under nbval.
