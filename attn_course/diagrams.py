@@ -1501,12 +1501,15 @@ def positional_flow(L: int = 6, E: int = 16, *, kind: str = "sinusoidal", names:
 
 
 def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int | None = None,
+                     B: int | None = None, H: int | None = None,
                      names: Mapping[str, str] | None = None, shapes: str = "both"):
     """Chapter 07: the encoder-decoder Transformer, encoder stack on the left, decoder stack on the right.
 
     Args:
         S: source tokens. T: target tokens (shifted right). E: model width. N: layers per stack.
         V: target vocabulary (the logits' width; default: not drawn).
+        B: a batch axis in front of every shape (default: none drawn).
+        H: heads: the cross-attention is labelled with its weights' shape, ``(B, H, T, S)`` (default: not).
         names: other symbols. shapes: "both", "numbers" or "symbols".
 
     Returns:
@@ -1514,20 +1517,35 @@ def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int 
     """
     S, T, E, N = _size(S, "S"), _size(T, "T"), _size(E, "E"), _size(N, "N")
     V = None if V is None else _size(V, "V")
-    shp = _Shapes(names, shapes, {"S": S, "T": T, "E": E, "N": N, "V": V or 1})
+    B = None if B is None else _size(B, "B")
+    H = None if H is None else _size(H, "H")
+    if H is not None and E % H:
+        raise ValueError(f"E must be a multiple of H, got E={E} and H={H}")
+    shp = _Shapes(names, shapes, {"S": S, "T": T, "E": E, "N": N, "V": V or 1, "B": B or 1, "H": H or 1})
+    lead = ("B",) if B is not None else ()  # the batch axis, when drawn, in front of every shape
+
+    def shape(*keys: str) -> str:
+        return shp(*lead, *keys)
+
+    def alt(*keys: str) -> str:
+        return shp.alt(*lead, *keys)
 
     def draw(d: Diagram) -> str:
         xe, xd = 0.0, 2.9
         y = 0.0
-        d.text(xe, y, f"source tokens, {shp.count('S')}", colour=INK)
-        d.text(xd, y, f"target tokens, shifted right, {shp.count('T')}", colour=INK)
+        if B is None:
+            d.text(xe, y, f"source tokens, {shp.count('S')}", colour=INK)
+            d.text(xd, y, f"target tokens, shifted right, {shp.count('T')}", colour=INK)
+        else:
+            d.text(xe, y, "source tokens " + shape("S").replace("\n", " = "), colour=INK)
+            d.text(xd, y, "target tokens, shifted right, " + shape("T").replace("\n", " = "), colour=INK)
         y += 0.45
         embs = [d.op((x, y), "embedding + positions") for x in (xe, xd)]
         d.arrow((xe, 0.1), embs[0].top)
         d.arrow((xd, 0.1), embs[1].top)
         y = embs[0].y1 + 0.25
-        src = d.block((xe, y + d.ext(S) / 2), S, E, role="input", name="X", shape=shp("S", "E"), shape_at="left")
-        tgt = d.block((xd, y + d.ext(T) / 2), T, E, role="input", name="Y", shape=shp("T", "E"), shape_at="right")
+        src = d.block((xe, y + d.ext(S) / 2), S, E, role="input", name="X", shape=shape("S", "E"), shape_at="left")
+        tgt = d.block((xd, y + d.ext(T) / 2), T, E, role="input", name="Y", shape=shape("T", "E"), shape_at="right")
         d.arrow(embs[0].bottom, src.top)
         d.arrow(embs[1].bottom, tgt.top)
         y = max(src.y1, tgt.y1) + 0.5
@@ -1543,24 +1561,29 @@ def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int 
         d.arrow(d2.bottom, d3.top)
         enc = d.group([e1, e2], f"encoder layer × {shp.count('N')}", pad=0.16)
         dec = d.group([d1, d2, d3], f"decoder layer × {shp.count('N')}", pad=0.16)
-        mem = d.block((xe, enc.y1 + 0.45 + d.ext(S) / 2), S, E, role="output", name="memory", shape=shp("S", "E"),
+        if H is not None:  # the weights that section 6 of the chapter reads, outside the layer's box
+            d.arrow(d2.right, (dec.x1 + 0.25, d2.center[1]), head=False, colour=MUTED)
+            d.text(dec.x1 + 0.3, d2.center[1], "weights\n" + shape("H", "T", "S"), ha="left")
+        mem = d.block((xe, enc.y1 + 0.45 + d.ext(S) / 2), S, E, role="output", name="memory", shape=shape("S", "E"),
                       shape_at="left")
         d.arrow((xe, enc.y1), mem.top)
         d.arrow(mem.right, d2.left, via=[((mem.x1 + dec.x0) / 2, mem.center[1]), ((mem.x1 + dec.x0) / 2,
                                                                                    d2.center[1])],
                 label="K, V", label_on=0)
-        out = d.block((xd, dec.y1 + 0.45 + d.ext(T) / 2), T, E, role="output", shape=shp("T", "E"), shape_at="right")
+        out = d.block((xd, dec.y1 + 0.45 + d.ext(T) / 2), T, E, role="output", shape=shape("T", "E"), shape_at="right")
         d.arrow((xd, dec.y1), out.top)
-        lin = d.op((xd, out.y1 + 0.35), "linear → logits" + (" " + shp("T", "V").replace("\n", " = ")
+        lin = d.op((xd, out.y1 + 0.35), "linear → logits" + (" " + shape("T", "V").replace("\n", " = ")
                                                               if V else ""))
         d.arrow(out.bottom, lin.top)
-        return (f"Diagram of the encoder-decoder Transformer: the source {shp.alt('S')} and the target shifted "
-                f"right {shp.alt('T')} are embedded with their positions into X {shp.alt('S', 'E')} and Y "
-                f"{shp.alt('T', 'E')}; {N} encoder layers (self-attention, feed-forward) turn X into the memory "
-                f"{shp.alt('S', 'E')}; {N} decoder layers apply masked self-attention to Y, then cross-attention "
-                "whose queries come from the decoder and whose keys and values come from the memory, then a "
-                f"feed-forward network; a linear layer turns the result {shp.alt('T', 'E')} into logits"
-                + (f" {shp.alt('T', 'V')}" if V else "") + ".")
+        weights = "" if H is None else f" (its weights {alt('H', 'T', 'S')}: for each target position, a " \
+                                         "distribution over the source positions)"
+        return (f"Diagram of the encoder-decoder Transformer: the source {alt('S')} and the target shifted "
+                f"right {alt('T')} are embedded with their positions into X {alt('S', 'E')} and Y "
+                f"{alt('T', 'E')}; {N} encoder layers (self-attention, feed-forward) turn X into the memory "
+                f"{alt('S', 'E')}; {N} decoder layers apply masked self-attention to Y, then cross-attention "
+                f"whose queries come from the decoder and whose keys and values come from the memory{weights}, then "
+                f"a feed-forward network; a linear layer turns the result {alt('T', 'E')} into logits"
+                + (f" {alt('T', 'V')}" if V else "") + ".")
 
     return _fit(draw)
 

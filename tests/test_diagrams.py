@@ -52,6 +52,7 @@ CASES = {
     "positional_huge": lambda: dg.positional_flow(L=2048, E=1024, kind="learned"),
     "transformer": lambda: dg.transformer_flow(S=7, T=6, E=16, N=2, V=30),
     "transformer_huge": lambda: dg.transformer_flow(S=512, T=512, E=4096, N=96, V=50000),
+    "transformer_batch_heads": lambda: dg.transformer_flow(S=28, T=34, E=64, N=2, V=44, B=3, H=4),
     "tiled": lambda: dg.tiled_attention_flow(L=4, S=12, D=4, block_k=3, tile=1),
     "tiled_huge": lambda: dg.tiled_attention_flow(L=128, S=1024, D=64, block_k=128, tile=7),
     "kv_cache": lambda: dg.kv_cache_flow(T=5, D=8),
@@ -303,6 +304,8 @@ def test_large_sizes_are_clamped_but_still_grow():
     (lambda: dg.encoder_decoder_step(S=3, tokens=["a"]), "tokens"),
     (lambda: dg.encoder_decoder_step(V=0), "V"),
     (lambda: dg.positional_flow(kind="rotary"), "kind"),
+    (lambda: dg.transformer_flow(E=10, H=4), "multiple of H"),
+    (lambda: dg.transformer_flow(B=0), "B"),
     (lambda: dg.tiled_attention_flow(S=12, block_k=3, tile=4), "tile"),
     (lambda: dg.tiled_attention_flow(S=100, block_k=3), "block_k"),
     (lambda: dg.rotary_pairs(D=7), "D"),
@@ -325,6 +328,18 @@ def test_bad_arguments_say_which_argument(call, match):
 def test_arguments_of_the_wrong_type_are_refused(call, match):
     with pytest.raises(TypeError, match=match):
         call()
+
+
+def test_transformer_flow_shows_the_batch_and_the_cross_attention_weights():
+    fig = dg.transformer_flow(S=28, T=34, E=64, N=2, V=44, B=3, H=4)
+    alt = dg.alt_text(fig)
+    for shape in ("X (B, S, E) = (3, 28, 64)", "Y (B, T, E) = (3, 34, 64)", "memory (B, S, E) = (3, 28, 64)",
+                  "its weights (B, H, T, S) = (3, 4, 34, 28)", "logits (B, T, V) = (3, 34, 44)"):
+        assert shape in alt, shape
+    drawn = [t.get_text() for t in fig.axes[0].texts]
+    assert "weights\n(B, H, T, S)\n(3, 4, 34, 28)" in drawn and "(B, S, E)\n(3, 28, 64)" in drawn
+    plain = dg.alt_text(dg.transformer_flow(S=28, T=34, E=64, N=2, V=44))  # without B and H: as before
+    assert "X (S, E) = (28, 64)" in plain and "weights" not in plain
 
 
 def test_encoder_decoder_step_draws_each_decoder_in_its_order():
