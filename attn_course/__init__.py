@@ -7,7 +7,7 @@ One module per mechanism, in the order of the course's chapters. Shapes follow P
 from .utils import get_device, set_seed
 from .alignment import AdditiveAttention, DotProductAttention  # 01
 from .rnn import DIGIT_BOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, AttentionDecoder, GRUEncoder, Seq2Seq, digit_task, shift_right  # 01
-from .training import History, fit
+from .training import History, MarkovTask, fit, markov_task, quality_vs_cache  # fit: 01-; the task: 09-11
 from .simple import simple_self_attention  # 02
 from .scaled import SelfAttention, scaled_dot_product_attention  # 03
 from .masks import allowed_to_blocked, blocked_to_additive, causal_mask, combine_masks, padding_mask  # 04
@@ -47,6 +47,9 @@ __all__ = [
     "DIGIT_VOCAB_SIZE",
     "fit",
     "History",
+    "MarkovTask",
+    "markov_task",
+    "quality_vs_cache",
     "simple_self_attention",
     "SelfAttention",
     "scaled_dot_product_attention",
