@@ -635,8 +635,6 @@ PASTED_HINTS = {
     "ch07.check_sample_next", "ch07.check_decoder_mask", "ch07.check_post_norm_decoder_layer",
     "ch08.check_online_softmax_update", "ch08.check_attention_row_online", "ch08.check_merge_states",
     "ch08.check_cache_attention_step",
-    "ch09.check_rotate_half_rope", "ch09.check_alibi_slopes", "ch09.check_interleaved_to_halves",
-    "ch10.check_grouped_attention",
 }
 
 

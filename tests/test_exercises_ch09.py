@@ -3,6 +3,7 @@
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,13 +17,17 @@ def _scaffold(*args):
 # --- right answers, and variants of them ----------------------------------------------------------
 
 def rope(x, positions, base=10000.0, *, layout="halves", sign=1.0, offset=0, exponent=2.0, use_positions=True,
-         spread="cat"):
+         spread="cat", theta_order="forward", divisor="D"):
     D = x.size(-1)
     if not use_positions:
         positions = torch.arange(x.size(-2))
-    theta = base ** (-exponent * torch.arange(0, D // 2, dtype=torch.float64) / D)  # (D/2,)
+    theta = base ** (-exponent * torch.arange(0, D // 2, dtype=torch.float64) / (D - 2 if divisor == "D - 2" else D))
+    if theta_order == "reversed":
+        theta = theta.flip(0)
     angles = (positions.double() + offset)[:, None] * theta * sign
     cos, sin = angles.cos(), angles.sin()
+    if spread == "swap":
+        cos, sin = sin, cos
     if spread == "repeat_interleave":  # the rotate_half formula with the angles laid out for the interleaved pairs
         full = angles.repeat_interleave(2, dim=-1)  # (T, D)
         rotated_half = torch.cat([-x[..., D // 2:], x[..., : D // 2]], dim=-1)
@@ -79,6 +84,8 @@ def interleaved_to_halves(weight, num_heads, *, mode="right"):
         return weight[torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)])]
     if mode == "unchanged":
         return weight.clone()
+    if mode == "odds first":
+        order = torch.cat([torch.arange(1, D, 2), torch.arange(0, D, 2)])
     if mode == "columns":
         return weight[:, torch.cat([torch.arange(0, E, 2), torch.arange(1, E, 2)])]
     return weight.view(num_heads, D, E)[:, order].reshape(rows, E)
@@ -93,10 +100,44 @@ def interleaved_to_halves_index(weight, num_heads):
     return weight[source]
 
 
+def interleaved_to_halves_hf(weight, num_heads):
+    """Hugging Face's convert_llama_weights_to_hf.permute: view(H, D/2, 2, E).transpose(1, 2)."""
+    rows, E = weight.shape
+    return weight.view(num_heads, rows // num_heads // 2, 2, E).transpose(1, 2).reshape(rows, E)
+
+
+def slopes_mpt(num_heads):
+    """MPT's gen_slopes: the slopes of the next power of two, odd ones first, then even ones, cut to H."""
+    n = 2 ** math.ceil(math.log2(num_heads))
+    m = torch.arange(1, n + 1, dtype=torch.float64) * 8 / n
+    slopes = 1.0 / torch.pow(2, m)
+    if n != num_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
+    return slopes
+
+
+def rope_einsum_4d(x, positions, base=10000.0):
+    """Another formulation: the rotation as a (D/2, 2, 2) matrix per position, applied with einsum."""
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    a = positions.double()[:, None] * theta  # (T, D/2)
+    rot = torch.stack([torch.stack([a.cos(), -a.sin()], -1), torch.stack([a.sin(), a.cos()], -1)], -2)  # (T, D/2, 2, 2)
+    pairs = torch.stack([x[..., : D // 2], x[..., D // 2:]], dim=-1).double()  # (..., T, D/2, 2)
+    out = torch.einsum("tpij,...tpj->...tpi", rot, pairs)
+    return torch.cat([out[..., 0], out[..., 1]], dim=-1).to(x.dtype)
+
+
 def test_right_answers_pass():
-    for feedback in (check_rotate_half_rope(rope), check_rotate_half_rope(rope_complex), check_alibi_slopes(slopes),
-                     check_alibi_slopes(slopes_tensor), check_interleaved_to_halves(interleaved_to_halves),
-                     check_interleaved_to_halves(interleaved_to_halves_index)):
+    for feedback in (check_rotate_half_rope(rope), check_rotate_half_rope(rope_complex),
+                     check_rotate_half_rope(rope_einsum_4d), check_alibi_slopes(slopes),
+                     check_alibi_slopes(slopes_tensor), check_alibi_slopes(slopes_mpt),
+                     check_alibi_slopes(lambda h: np.array(slopes(h), dtype=np.float32)),
+                     check_alibi_slopes(lambda h: [np.float32(s) for s in slopes(h)]),
+                     check_alibi_slopes(lambda h: tuple(slopes(h))),
+                     check_interleaved_to_halves(interleaved_to_halves),
+                     check_interleaved_to_halves(interleaved_to_halves_index),
+                     check_interleaved_to_halves(interleaved_to_halves_hf),
+                     check_interleaved_to_halves(lambda w, h: -interleaved_to_halves(w, h))):  # scores unchanged
         assert feedback.status == "correct", str(feedback)
         assert bool(feedback)
 
@@ -106,7 +147,7 @@ def test_float32_rope_passes():
 
 
 def test_rope_computed_in_float32_passes():
-    """The hint's formula: torch.arange(0, D, 2) / D is float32, so are the angles, cosines and sines."""
+    """Angles computed in float32, as the package computes them for float32 inputs."""
     def rope_float32(x, positions, base=10000.0):
         D = x.size(-1)
         theta = base ** (-torch.arange(0, D, 2) / D)  # float32
@@ -117,6 +158,69 @@ def test_rope_computed_in_float32_passes():
 
     feedback = check_rotate_half_rope(rope_float32)
     assert feedback.status == "correct", str(feedback)
+
+
+def _rope_bfloat16_angles(x, positions, base=10000.0):
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = (positions[:, None].to(torch.bfloat16) * theta.to(torch.bfloat16)).double()
+    first, second = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([first * angles.cos() - second * angles.sin(), first * angles.sin() + second * angles.cos()], -1).to(x.dtype)
+
+
+def _rope_3d_only(x, positions, base=10000.0):
+    B, T, D = x.shape  # the notebook's (B, T, D) only
+    return rope(x, positions, base)
+
+
+def _rope_in_place(x, positions, base=10000.0):
+    x.copy_(rope(x, positions, base))
+    return x
+
+
+def _rope_pairs_mirrored(x, positions, base=10000.0):
+    """Pairs (i, D - 1 - i)."""
+    D = x.size(-1)
+    order = torch.cat([torch.arange(D // 2), torch.arange(D - 1, D // 2 - 1, -1)])
+    out = torch.empty_like(x)
+    out[..., order] = rope(x[..., order], positions, base)
+    return out
+
+
+def _rope_package(x, positions, base=10000.0):
+    import attn_course as ac
+    return ac.apply_rotary_embedding(x, positions, base=base, interleaved=False)
+
+
+def _slopes_package(num_heads):
+    import attn_course as ac
+    return ac.alibi_slopes(num_heads)
+
+
+def _slopes_extras_first(num_heads):
+    n = 2 ** math.floor(math.log2(num_heads))
+    power = [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+    twice = [2.0 ** (-8.0 * k / (2 * n)) for k in range(1, 2 * n + 1)]
+    return twice[0::2][: num_heads - n] + power
+
+
+def _slopes_extras_from_tail(num_heads):
+    n = 2 ** math.floor(math.log2(num_heads))
+    power = [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+    twice = [2.0 ** (-8.0 * k / (2 * n)) for k in range(1, 2 * n + 1)]
+    return power + (twice[0::2][n - (num_heads - n):] if num_heads > n else [])
+
+
+def _convert_in_place(weight, num_heads):
+    weight.copy_(interleaved_to_halves(weight, num_heads))
+    return weight
+
+
+def _convert_fixed_width(weight, num_heads):
+    D = 8  # the notebook's head width
+    rows, E = weight.shape
+    order = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
+    return weight.view(rows // D, D, E)[:, order].reshape(rows, E)
 
 
 # --- wrong answers say what is wrong --------------------------------------------------------------
@@ -135,19 +239,33 @@ def test_rope_computed_in_float32_passes():
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, 10000.0), "ignore the base"),
         (check_rotate_half_rope, lambda x, p, b: rope(x, p, b)[..., :-1], "expected shape"),
         (check_rotate_half_rope, lambda x, p, b: x, "values differ"),  # no rotation at all
+        (check_rotate_half_rope, _rope_package, "you called attn_course.apply_rotary_embedding"),
+        (check_rotate_half_rope, _rope_bfloat16_angles, "bfloat16"),
+        (check_rotate_half_rope, _rope_in_place, "changed its input `x` in place"),
+        (check_rotate_half_rope, _rope_pairs_mirrored, "values differ"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, spread="swap"), "swapped the cosines"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, theta_order="reversed"), "wrong way: pair 0"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b, divisor="D - 2"), "D - 2"),
+        (check_rotate_half_rope, lambda x, p, b: rope(x, p, b).long(), "floating-point"),
         (check_alibi_slopes, lambda h: slopes(h, reverse=True), "reverse order"),
         (check_alibi_slopes, lambda h: slopes(h, plain=True), "power of two"),
-        (check_alibi_slopes, lambda h: slopes(h, odd=True), "\\[0::2\\]"),
+        (check_alibi_slopes, lambda h: slopes(h, odd=True), "1st, 3rd"),
         (check_alibi_slopes, lambda h: slopes(h, above=True), "power of two above"),
-        (check_alibi_slopes, lambda h: [1.0 / 2 ** k for k in range(1, h + 1)], "power of two"),  # 1/2, 1/4... for any H
+        (check_alibi_slopes, lambda h: [1.0 / 2 ** k for k in range(1, h + 1)], "slopes of 8 heads"),  # 1/2, 1/4... for any H
         (check_alibi_slopes, lambda h: slopes(h)[:-1], "expected shape"),
         (check_alibi_slopes, lambda h: slopes(h, from_zero=True), "counts heads from 1"),
         (check_alibi_slopes, lambda h: slopes(h, negative=True), "negative"),
         (check_alibi_slopes, lambda h: slopes(h, sort=True), "sorted"),
+        (check_alibi_slopes, _slopes_package, "you called attn_course.alibi_slopes"),
+        (check_alibi_slopes, _slopes_extras_first, "extra slope\\(s\\) first"),
+        (check_alibi_slopes, _slopes_extras_from_tail, "from the end"),
+        (check_alibi_slopes, lambda h: [str(s) for s in slopes(h)], "expected numbers"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="inverse"), "inverse permutation"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="global"), "all H\\*D rows at once"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="unchanged"), "unchanged"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="columns"), "scores of the converted model differ"),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="odds first"), "odd rows first"),
+        (check_interleaved_to_halves, _convert_in_place, "changed its input `weight` in place"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):

@@ -3,11 +3,13 @@
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_course.exercises.ch10 import check_gqa_cache_bytes, check_grouped_attention, check_mean_pool_kv, check_receptive_field
+from attn_course.exercises.ch10 import (check_gqa_cache_bytes, check_grouped_attention, check_mean_pool_kv,
+                                        check_receptive_field, check_rolling_read)
 
 
 def _scaffold(*args):
@@ -31,26 +33,49 @@ def cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_p
 
 
 def grouped_attention(q, k, v, *, mistake=None):
+    """The broadcast form (no copies): the queries of a group on their own axis."""
     B, H, L, D = q.shape
-    group = H // k.size(1)
-    if mistake == "tile":
-        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
-    elif mistake == "h // G":  # the number of groups taken for the group size
-        owner = torch.arange(H) // k.size(1)
-        k, v = k[:, owner], v[:, owner]
-    elif mistake == "index h % G":
-        owner = torch.arange(H) % k.size(1)
-        k, v = k[:, owner], v[:, owner]
-    else:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = q @ k.transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(D))
+    G = k.size(1)
+    if mistake == "tile":  # query head h reads key/value head h % G, by indexing
+        owner = torch.arange(H) % G
+        return grouped_attention_index(q, k, v, owner)
+    if mistake == "h // G":  # the number of groups taken for the group size
+        return grouped_attention_index(q, k, v, torch.arange(H) // G)
+    qg = q.view(B, G, H // G, L, D)  # (B, G, H/G, L, D)
+    scores = qg @ k[:, :, None].transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(D))  # (B, G, H/G, L, L)
     if mistake != "no mask":
-        scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
-    return scores.softmax(dim=-1) @ v
+        allowed = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1 if mistake == "no diagonal" else 0)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if mistake == "naive softmax":
+        weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
+    else:
+        weights = scores.softmax(dim=-1)
+    return (weights @ v[:, :, None]).reshape(B, H, L, D)
+
+
+def grouped_attention_index(q, k, v, owner=None):
+    """Another way: index the key/value head of each query head (a copy, but not repeat_interleave)."""
+    B, H, L, D = q.shape
+    owner = torch.arange(H) // (H // k.size(1)) if owner is None else owner
+    scores = q @ k[:, owner].transpose(-2, -1) / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return scores.softmax(dim=-1) @ v[:, owner]
+
+
+def grouped_attention_repeat_interleave(q, k, v):
+    """Section 2's copy: forbidden in the exercise."""
+    group = q.size(1) // k.size(1)
+    return grouped_attention_index(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                   torch.arange(q.size(1)))
 
 
 def grouped_attention_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def grouped_attention_package(q, k, v):
+    import attn_course as ac
+    return ac.gqa.grouped_attention(q, k, v, torch.ones(q.size(2), q.size(2), dtype=torch.bool).tril())[0]
 
 
 def grouped_attention_einsum(q, k, v):
@@ -60,6 +85,19 @@ def grouped_attention_einsum(q, k, v):
     scores = torch.einsum("bgqld,bgsd->bgqls", qg, k) / math.sqrt(D)
     scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
     return torch.einsum("bgqls,bgsd->bgqld", scores.softmax(-1), v).reshape(B, H, L, D)
+
+
+def grouped_attention_fixed_sizes(q, k, v):
+    """Works only for the notebook's (B, H, L, D) = (2, 8, 6, 4) and G = 2."""
+    qg = q.reshape(2, 2, 4, 6, 4)
+    scores = qg @ k[:, :, None].transpose(-2, -1) / 2.0
+    scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    return (scores.softmax(-1) @ v[:, :, None]).reshape(2, 8, 6, 4)
+
+
+def grouped_attention_in_place(q, k, v):
+    q.mul_(1.0 / math.sqrt(q.size(-1)))  # scales the caller's queries
+    return grouped_attention(q * math.sqrt(q.size(-1)), k, v)
 
 
 def mean_pool(weight, num_heads, num_kv_heads, *, mistake=None):
@@ -87,6 +125,12 @@ def mean_pool_loop(weight, num_heads, num_kv_heads):
     return torch.cat(blocks)
 
 
+def mean_pool_in_place(weight, num_heads, num_kv_heads):
+    weight.mul_(1.0)  # harmless, but then...
+    weight[0] = 0.0  # ...it writes into the caller's weight
+    return mean_pool(weight, num_heads, num_kv_heads)
+
+
 def receptive_field(num_layers, window, seq_len, *, mistake=None):
     if mistake == "layers x window":
         return min(seq_len, num_layers * window)
@@ -96,13 +140,49 @@ def receptive_field(num_layers, window, seq_len, *, mistake=None):
         return min(seq_len, window)
     if mistake == "without itself":
         return min(seq_len, num_layers * (window - 1))
+    if mistake == "mistral convention":
+        return min(seq_len, num_layers * window + 1)
     return min(seq_len, num_layers * (window - 1) + 1)
 
 
+def read_in_order(buffer, seen, *, mistake=None):
+    window = buffer.size(-2)
+    if mistake == "slot order":
+        return buffer if seen >= window else buffer[..., :seen, :]
+    if mistake == "always window":
+        return buffer.roll(-(seen % window), dims=-2)
+    if seen < window:
+        return buffer[..., :seen, :]
+    if mistake == "newest first":
+        return buffer.roll(-(seen % window), dims=-2).flip(-2)
+    if mistake == "wrong sign":
+        return buffer.roll(seen % window, dims=-2)
+    if mistake == "one late":
+        return buffer.roll(-(seen % window) - 1, dims=-2)
+    return buffer.roll(-(seen % window), dims=-2)
+
+
+def read_in_order_index(buffer, seen):
+    """Another way: the slots of positions seen - kept .. seen - 1, in that order."""
+    window = buffer.size(-2)
+    positions = torch.arange(max(0, int(seen) - window), int(seen))
+    return buffer[..., positions % window, :]
+
+
+def read_in_order_package(buffer, seen):
+    import attn_course as ac
+    cache = ac.RollingKVCache(1, buffer.size(0), buffer.size(1), buffer.size(-1), buffer.size(-2))
+    return cache._kept_in_order(buffer, int(seen))
+
+
 def test_right_answers_pass():
-    for feedback in (check_gqa_cache_bytes(cache_bytes), check_grouped_attention(grouped_attention),
-                     check_grouped_attention(grouped_attention_sdpa), check_grouped_attention(grouped_attention_einsum),
-                     check_mean_pool_kv(mean_pool), check_mean_pool_kv(mean_pool_loop), check_receptive_field(receptive_field)):
+    for feedback in (check_gqa_cache_bytes(cache_bytes),
+                     check_gqa_cache_bytes(lambda *a: np.prod([2, *[x for x in a[:-1]]]) // a[3] * (a[3] if a[-1] is None else min(a[3], a[-1]))),
+                     check_grouped_attention(grouped_attention), check_grouped_attention(grouped_attention_index),
+                     check_grouped_attention(grouped_attention_einsum),
+                     check_mean_pool_kv(mean_pool), check_mean_pool_kv(mean_pool_loop), check_receptive_field(receptive_field),
+                     check_receptive_field(lambda n, w, s: np.minimum(s, n * (w - 1) + 1)),
+                     check_rolling_read(read_in_order), check_rolling_read(read_in_order_index)):
         assert feedback.status == "correct", str(feedback)
         assert bool(feedback)
 
@@ -123,23 +203,41 @@ def test_float32_grouped_attention_passes():
         (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="window + 1"), "off by one"),
         (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="window - 1"), "off by one"),
         (check_gqa_cache_bytes, lambda *a: cache_bytes(*a, mistake="no batch"), "left out the batch"),
-        (check_gqa_cache_bytes, lambda *a: cache_bytes(*a) / 2**30, "expected"),  # GiB, not bytes
+        (check_gqa_cache_bytes, lambda *a: cache_bytes(*a) / 2**30, "GiB"),  # GiB, not bytes
         (check_gqa_cache_bytes, lambda *a: str(cache_bytes(*a)), "return a number"),
-        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="tile"), "repeat_interleave"),
-        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="index h % G"), "repeat_interleave"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="tile"), "h % G"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="h // G"), "group size is H // G"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no scale"), "sqrt\\(D\\)"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no mask"), "causal mask"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v)[:, :2], "expected shape"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no diagonal"), "does not see itself"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="naive softmax"), "inf or NaN"),
+        (check_grouped_attention, grouped_attention_sdpa, "you called torch.nn.functional.scaled_dot_product_attention"),
+        (check_grouped_attention, grouped_attention_package, "you called attn_course"),
+        (check_grouped_attention, grouped_attention_repeat_interleave, "repeat_interleave.*without copying"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention_index(q, k.repeat(1, q.size(1) // k.size(1), 1, 1),
+                                                                          v.repeat(1, q.size(1) // k.size(1), 1, 1),
+                                                                          torch.arange(q.size(1))), "repeat"),
+        (check_grouped_attention, grouped_attention_in_place, "changed its input `q` in place"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v).long(), "floating-point"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="sum"), "summed"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="strided"), "consecutive"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="first"), "first head"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="over width"), "differ"),
+        (check_mean_pool_kv, mean_pool_in_place, "changed its input `weight` in place"),
+        (check_mean_pool_kv, lambda w, h, g: mean_pool(w, 8, 2), "differ|expected shape|Your code raised"),
         (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="layers x window"), "window - 1"),
         (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="no clamp"), "start of the sequence"),
         (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="one layer"), "one layer's view"),
         (check_receptive_field, lambda n, w, s: float(receptive_field(n, w, s)), "return an int"),
         (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="without itself"), "one short"),
+        (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="mistral convention"), "Mistral paper"),
+        (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="slot order"), "slot order"),
+        (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="always window"), "only 3 positions were written"),
+        (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="newest first"), "newest first"),
+        (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="wrong sign"), "wrong way"),
+        (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="one late"), "one slot too late"),
+        (check_rolling_read, read_in_order_package, "you called attn_course"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):
@@ -149,8 +247,10 @@ def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):
     assert re.search(text, feedback.message), feedback.message
 
 
-@pytest.mark.parametrize("check", [check_gqa_cache_bytes, check_grouped_attention, check_mean_pool_kv, check_receptive_field])
+@pytest.mark.parametrize("check", [check_gqa_cache_bytes, check_grouped_attention, check_mean_pool_kv, check_receptive_field,
+                                   check_rolling_read])
 def test_scaffolds_and_crashes(check):
+    """A stub is "not attempted"; a crash an "error" with the hint."""
     assert check(_scaffold).status == "not attempted"
     assert check(...).status == "not attempted"
 

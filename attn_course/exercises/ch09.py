@@ -1,4 +1,13 @@
-"""Checks for the exercises of chapter 09, rotary embeddings and ALiBi."""
+"""Checks for the exercises of chapter 09, rotary embeddings and ALiBi.
+
+Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and names
+the mistake when it recognises one; the table of those mistakes is in tests/test_exercises_ch09.py.
+They use the shared mechanism of ``attn_course.exercises``: the package forbidden where the exercise
+asks for plain torch (``forbid=("attn_course",)``), inputs watched for changes in place, sizes unlike
+the notebook's (one pair, an odd number of pairs, a single position, heads as a leading axis, one head,
+head counts up to BLOOM's 112), float32 as well as float64, and slopes given as a list, a numpy array
+or a tensor.
+"""
 
 from __future__ import annotations
 
@@ -8,113 +17,169 @@ import torch
 
 from ..alibi import alibi_slopes
 from ..rotary import apply_rotary_embedding
-from . import Mismatch, call, exercise, expect, expect_close, expect_tensor
+from . import Mismatch, call, exercise, expect_close, expect_tensor, randn, rng
 
 __all__ = ["check_rotate_half_rope", "check_alibi_slopes", "check_interleaved_to_halves"]
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), atol=1e-6, rtol=1e-5))
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-6) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(),
+                                                      atol=atol, rtol=1e-5))
+
+
+def _halves(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate pair (i, i + D/2) of x (..., T, D) by angles (T, D/2), in float64."""
+    half = x.size(-1) // 2
+    first, second = x[..., :half].double(), x[..., half:].double()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def _rope_mistakes(got: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, base: float, what: str) -> None:
+    """Name the mistake when ``got`` is a plausible wrong rotation of ``x``."""
+    D = x.size(-1)
+    p = positions.double()
+    two_i = torch.arange(0, D, 2, dtype=torch.float64)  # 2i for i = 0 .. D/2 - 1
+    if _close(got, apply_rotary_embedding(x, positions, base=base, interleaved=True)):
+        raise Mismatch(f"{what}: you rotated neighbouring pairs (0, 1), (2, 3), ...: that is the interleaved layout "
+                       "of the paper. The half layout pairs coordinate i with i + D/2.")
+    if _close(got, apply_rotary_embedding(x, -positions, base=base, interleaved=False)):
+        raise Mismatch(f"{what}: you rotate the wrong way (the sign of the sines is flipped)")
+    theta = base ** (-two_i / D)
+    swapped = x[..., : D // 2].double(), x[..., D // 2:].double()
+    angles = p[:, None] * theta
+    cos, sin = angles.cos(), angles.sin()
+    if _close(got, torch.cat([swapped[0] * sin - swapped[1] * cos, swapped[0] * cos + swapped[1] * sin], dim=-1)):
+        raise Mismatch(f"{what}: you swapped the cosines and the sines: position 0 must leave a vector unchanged "
+                       "(cos 0 = 1 on the coordinate itself, sin 0 = 0 on its partner)")
+    for shift in (1, -1):
+        if _close(got, apply_rotary_embedding(x, positions + shift, base=base, interleaved=False)):
+            raise Mismatch(f"{what}: your positions are off by one (you rotated by positions {shift:+d}); rotate each "
+                           "vector by its position as given, so that position 0 is not rotated")
+    if base != 10000.0 and _close(got, apply_rotary_embedding(x, positions, interleaved=False)):
+        raise Mismatch(f"{what}: you ignore the base argument and use 10000; the frequencies are base ** (-2i / D)")
+    if not torch.equal(positions, torch.arange(positions.numel())) and \
+            _close(got, apply_rotary_embedding(x, torch.arange(x.size(-2)), base=base, interleaved=False)):
+        raise Mismatch(f"{what}: you ignore the positions argument and use 0, 1, 2, ... instead")
+    candidates = {
+        "your frequencies are base ** (-i / D); they are base ** (-2i / D), i = 0 .. D/2 - 1":
+            base ** (-two_i / 2 / D),
+        "your frequencies are base ** (-2i / (D/2)); the exponent divides by the full head width D: base ** (-2i / D)":
+            base ** (-2 * two_i / D),
+        "your frequencies run the wrong way: pair 0 turns fastest (theta_0 = 1) and the last pair slowest":
+            (base ** (-two_i / D)).flip(0),
+        "your exponent divides by D - 2 instead of D: theta_i = base ** (-2i / D)":
+            base ** (-two_i / max(D - 2, 1)),
+    }
+    for mistake, frequencies in candidates.items():
+        if not torch.allclose(frequencies, theta) and _close(got, _halves(x, p[:, None] * frequencies)):
+            raise Mismatch(f"{what}: {mistake}")
+    spread = (p[:, None] * theta).repeat_interleave(2, dim=-1)  # (T, D): theta_0, theta_0, theta_1, theta_1, ...
+    rotate_half = torch.cat([-x[..., D // 2:], x[..., : D // 2]], dim=-1).double()
+    if _close(got, x.double() * spread.cos() + rotate_half * spread.sin()):
+        raise Mismatch(f"{what}: you paired the halves but spread the angles in the interleaved way (theta_0, theta_0, "
+                       "theta_1, ...); in the half layout coordinates i and i + D/2 share theta_i, so the angles "
+                       "are the D/2 angles written twice, one copy after the other")
+    for low_dtype in (torch.bfloat16, torch.float16):
+        low = (p[:, None].to(low_dtype) * theta.to(low_dtype)).double()
+        if _close(got, _halves(x, low), atol=1e-2):
+            raise Mismatch(f"{what}: your angles lose precision: computed in {str(low_dtype).replace('torch.', '')}, "
+                           f"the frequencies and the angles are rounded to 8 (or 11) significant bits, so at position "
+                           f"{int(positions.abs().max())} an angle is off by a good part of a radian. Compute them in "
+                           "float32 or float64, then cast the result")
 
 
 @exercise(
     "Exercise 1, rotary embeddings in the half layout (GPT-NeoX, Hugging Face Llama)",
-    hint="theta = base ** (-torch.arange(0, D, 2) / D); angle = positions[:, None] * theta; with "
-    "x1, x2 = x[..., :D//2], x[..., D//2:] return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)",
+    hint="pair i turns by position times base to the power of minus 2i over D, for i from 0 to D/2 - 1 (the same "
+         "frequencies as the paired layout); split the last axis into its first and second halves, rotate each "
+         "pair (first half, second half) with the cosine and sine of its angle, and put the two halves back "
+         "together in the same order",
+    forbid=("attn_course",),
 )
 def check_rotate_half_rope(rope) -> str:
-    generator = torch.Generator().manual_seed(9)
-    D, T = 8, 6
-    x = torch.randn(3, T, D, generator=generator, dtype=torch.float64)
-    for positions, base in ((torch.arange(T), 10000.0), (torch.tensor([7, 3, 0, 12, 40, 5]), 500.0)):
-        got = call(rope, x.clone(), positions.clone(), base)
-        what = f"rope(x, positions={positions.tolist()}, base={base:g}) for x of shape {tuple(x.shape)}"
-        got = expect_tensor(got, what=what, shape=x.shape).double()
+    g = rng(9)
+    cases = [  # (x shape, positions, base): the notebook's shape first, then others
+        ((3, 6, 8), torch.arange(6), 10000.0),
+        ((3, 6, 8), torch.tensor([7, 3, 0, 12, 40, 5]), 500.0),  # positions in any order, another base
+        ((2, 4, 5, 12), torch.arange(5) * 9, 10000.0),  # (B, H, T, D), an odd number of pairs
+        ((1, 3, 2), torch.tensor([0, 1, 2]), 10000.0),  # one pair
+        ((2, 1, 16), torch.tensor([300]), 10000.0),  # one position, far out
+        ((2, 5, 8), torch.tensor([0, 31, 64, 96, 127]), 10000.0),  # chapter 09's test positions
+    ]
+    for index, (shape, positions, base) in enumerate(cases):
+        dtype = torch.float32 if index == len(cases) - 1 else torch.float64
+        x = randn(*shape, generator=g, dtype=dtype)
+        what = f"rope(x, positions={positions.tolist()}, base={base:g}) for x of shape {shape} ({dtype})"
+        got = expect_tensor(call(rope, x, positions, base), what=what, shape=x.shape, dtype="float")
         expected = apply_rotary_embedding(x, positions, base=base, interleaved=False)
-        if _close(got, expected):
-            continue
-        if _close(got, apply_rotary_embedding(x, positions, base=base, interleaved=True)):
-            raise Mismatch(f"{what}: you rotated neighbouring pairs (0, 1), (2, 3), ...: that is the interleaved "
-                           "layout of the paper. The half layout pairs coordinate i with i + D/2.")
-        if _close(got, apply_rotary_embedding(x, -positions, base=base, interleaved=False)):
-            raise Mismatch(f"{what}: you rotate the wrong way (the sign of the sines is flipped)")
-        for shift in (1, -1):
-            if _close(got, apply_rotary_embedding(x, positions + shift, base=base, interleaved=False)):
-                raise Mismatch(f"{what}: your positions are off by one (you rotated by positions {shift:+d}); "
-                               "rotate each vector by its position as given, so that position 0 is not rotated")
-        if base != 10000.0 and _close(got, apply_rotary_embedding(x, positions, interleaved=False)):
-            raise Mismatch(f"{what}: you ignore the base argument and use 10000; the frequencies are base ** (-2i / D)")
-        if _close(got, apply_rotary_embedding(x, torch.arange(T), base=base, interleaved=False)):
-            raise Mismatch(f"{what}: you ignore the positions argument and use 0, 1, 2, ... instead")
-        half_freq = base ** (-torch.arange(0, D // 2, dtype=torch.float64) / D)  # base ** (-i / D)
-        angles = positions.double()[:, None] * half_freq
-        x1, x2 = x[..., : D // 2], x[..., D // 2:]
-        wrong_exponent = torch.cat([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], -1)
-        if _close(got, wrong_exponent):
-            raise Mismatch(f"{what}: your frequencies are base ** (-i / D); they are base ** (-2i / D), "
-                           "i = 0 .. D/2 - 1 (torch.arange(0, D, 2) / D)")
-        quarter_freq = base ** (-4.0 * torch.arange(0, D // 2, dtype=torch.float64) / D)  # base ** (-2i / (D/2))
-        angles = positions.double()[:, None] * quarter_freq
-        if _close(got, torch.cat([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], -1)):
-            raise Mismatch(f"{what}: your frequencies are base ** (-2i / (D/2)); the exponent divides by the full "
-                           "head width D: base ** (-2i / D)")
-        full_angles = (positions.double()[:, None] * base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-                       ).repeat_interleave(2, dim=-1)  # (T, D): theta_0, theta_0, theta_1, theta_1, ...
-        rotate_half = torch.cat([-x2, x1], dim=-1)
-        if _close(got, x * full_angles.cos() + rotate_half * full_angles.sin()):
-            raise Mismatch(f"{what}: you paired the halves but spread the angles in the interleaved way "
-                           "(repeat_interleave: theta_0, theta_0, theta_1, ...); in the half layout coordinates i "
-                           "and i + D/2 share theta_i, so the angles are torch.cat([angles, angles], dim=-1)")
-        expect_close(got, expected, what=what, atol=1e-6)
+        # Angles computed in float32 (as the package does for float32 inputs) are at most about 2e-5 radian off
+        # at position 300, which moves a coordinate by less than 1e-4; bfloat16 or float16 angles are off by
+        # 0.06 radian or more there, and every mistake named above by far more.
+        if not _close(got, expected, atol=1e-4):
+            _rope_mistakes(got, x, positions, base, what)
+        expect_close(got, expected, what=what, atol=1e-4, rtol=1e-4)
     return ("your rotation equals attn_course.apply_rotary_embedding(x, positions, interleaved=False), the layout of "
-            "the GPT-NeoX code and of Hugging Face's Llama.")
+            "the GPT-NeoX code and of Hugging Face's Llama, for any leading axes, head width and dtype.")
+
+
+def _power_of_two_slopes(n: int) -> torch.Tensor:
+    return torch.tensor([2.0 ** (-8.0 * k / n) for k in range(1, n + 1)], dtype=torch.float64)
 
 
 @exercise(
     "Exercise 2, ALiBi slopes for any number of heads",
-    hint="for a power of two n the slopes are 2 ** (-8 * k / n) for k = 1 .. n; otherwise take those of "
-    "n = 2 ** floor(log2(H)) and append slopes(2 * n)[0::2][: H - n]",
+    hint="for a power of two n the slopes start at 2 to the power of -8/n and keep that ratio (n of them); for "
+         "another count, take the slopes of the power of two just below, then append the first, third, fifth ... "
+         "slopes of twice as many heads until there are enough",
+    forbid=("attn_course",),
 )
 def check_alibi_slopes(slopes_fn) -> str:
-    for num_heads in (8, 4, 1, 6, 12, 20, 3):
-        got = call(slopes_fn, num_heads)
+    for num_heads in (8, 4, 1, 2, 16, 6, 12, 20, 3, 5, 7, 24, 112):
         what = f"slopes({num_heads})"
-        if isinstance(got, (list, tuple)):
-            expect(all(isinstance(s, (int, float)) for s in got), f"{what}: return numbers, got {got!r}")
-            got = torch.tensor([float(s) for s in got], dtype=torch.float64)
-        got = expect_tensor(got, what=what, shape=(num_heads,)).double()
+        got = expect_tensor(call(slopes_fn, num_heads), what=what, shape=(num_heads,), dtype="float", convert=True)
+        got = got.detach().double().cpu()
         expected = alibi_slopes(num_heads, dtype=torch.float64)
-        if _close(got, expected):
+        if _close(got, expected, atol=1e-9):
             continue
-        if _close(got, expected.flip(0)):
-            raise Mismatch(f"{what}: your slopes are in reverse order; the first head has the largest slope")
-        if _close(got, -expected):
-            raise Mismatch(f"{what}: your slopes are negative; the slopes are positive, and the bias subtracts them: "
-                           "-m_h * (i - j)")
-        if _close(got, torch.tensor([2.0 ** (-8.0 * k / num_heads) for k in range(num_heads)], dtype=torch.float64)):
-            raise Mismatch(f"{what}: your first slope is 1 = 2 ** 0: the exponent counts heads from 1, "
-                           f"2 ** (-8 * k / H) for k = 1 .. H, so the first slope is 2 ** (-8 / H)")
-        if num_heads & (num_heads - 1) and _close(got, expected.sort(descending=True).values):
-            raise Mismatch(f"{what}: you sorted the slopes; the paper keeps the {2 ** int(math.floor(math.log2(num_heads)))} "
-                           "slopes of the power of two first and appends the extra ones after them")
-        plain = torch.tensor([2.0 ** (-8.0 * (k + 1) / num_heads) for k in range(num_heads)], dtype=torch.float64)
-        if _close(got, plain):
-            raise Mismatch(f"{what}: 2 ** (-8k / H) is right only when H is a power of two; for H = {num_heads} "
-                           "the paper takes the slopes of the power of two below and fills up with every other slope of twice as many heads")
         n = 2 ** int(math.floor(math.log2(num_heads)))
-        odd = torch.cat([alibi_slopes(n, dtype=torch.float64), alibi_slopes(2 * n, dtype=torch.float64)[1::2][: num_heads - n]])
-        if _close(got, odd):
-            raise Mismatch(f"{what}: you took slopes 2, 4, 6, ... of the {2 * n}-head sequence; the paper takes 1, 3, 5, ... ([0::2])")
-        above = alibi_slopes(2 * n, dtype=torch.float64)[:num_heads]
-        if _close(got, above):
-            raise Mismatch(f"{what}: you took the first {num_heads} slopes of {2 * n} heads (the power of two above); "
-                           f"the paper starts from the {n} slopes of the power of two below")
+        extra = num_heads - n
+        candidates = {
+            "your slopes are in reverse order; the first head has the largest slope": expected.flip(0),
+            "your slopes are negative; the slopes are positive, and the bias subtracts them: -m_h * (i - j)": -expected,
+            "your first slope is 1 = 2 ** 0: the exponent counts heads from 1, 2 ** (-8k / H) for k = 1 .. H, so the "
+            "first slope is 2 ** (-8 / H)": torch.tensor([2.0 ** (-8.0 * k / num_heads) for k in range(num_heads)],
+                                                         dtype=torch.float64),
+        }
+        if extra:
+            twice = _power_of_two_slopes(2 * n)
+            candidates.update({
+                f"2 ** (-8k / H) is right only when H is a power of two; for H = {num_heads} the authors' code takes the "
+                f"{n} slopes of the power of two below and fills up with every other slope of twice as many heads":
+                    _power_of_two_slopes(num_heads),
+                f"you took slopes 2, 4, 6, ... of the {2 * n}-head sequence; the authors' code takes the 1st, 3rd, "
+                "5th, ...": torch.cat([_power_of_two_slopes(n), twice[1::2][:extra]]),
+                f"you took the first {num_heads} slopes of {2 * n} heads (the power of two above); the authors' code "
+                f"starts from the {n} slopes of the power of two below": twice[:num_heads],
+                f"you put the {extra} extra slope(s) first; the {n} slopes of the power of two come first, the extra "
+                "ones after them": torch.cat([twice[0::2][:extra], _power_of_two_slopes(n)]),
+                f"you took the extra slopes from the end of every other slope of {2 * n} heads; take the first "
+                f"{extra} of them": torch.cat([_power_of_two_slopes(n), twice[0::2][-extra:]]),
+                f"you sorted the slopes; the {n} slopes of the power of two come first, the extra ones are appended "
+                "after them": expected.sort(descending=True).values,
+            })
+        candidates[f"1/2, 1/4, 1/8, ... are the slopes of 8 heads; for {num_heads} head(s) the sequence starts at "
+                   f"2 ** (-8 / {n}) and keeps that ratio"] = torch.tensor([2.0 ** -k for k in range(1, num_heads + 1)],
+                                                                           dtype=torch.float64)
+        for mistake, wrong in candidates.items():
+            if not _close(wrong, expected, atol=1e-9) and _close(got, wrong, atol=1e-9):
+                raise Mismatch(f"{what}: {mistake}")
         expect_close(got, expected, what=what, atol=1e-9)
-    return "your slopes match Press et al.'s for powers of two and for every other head count tried (3, 6, 12, 20)."
+    return ("your slopes match Press et al.'s geometric sequence for powers of two and the rule of the authors' code "
+            "for every other head count tried (3, 5, 6, 7, 12, 20, 24 and BLOOM's 112).")
 
 
 def _per_head_scores(weight_q, weight_k, x, num_heads, interleaved):
-    E = x.size(-1)
     D = weight_q.size(0) // num_heads
     q = (x @ weight_q.T).view(x.size(0), num_heads, D).transpose(0, 1)  # (T, H*D) -> (H, T, D)
     k = (x @ weight_k.T).view(x.size(0), num_heads, D).transpose(0, 1)
@@ -125,34 +190,42 @@ def _per_head_scores(weight_q, weight_k, x, num_heads, interleaved):
 
 @exercise(
     "Exercise 3, converting a checkpoint between the two layouts",
-    hint="within each head, the new row order is the even rows, then the odd rows: "
-    "weight.view(H, D, E)[:, order].reshape(H * D, E) with order = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])",
+    hint="within each head, the new row i must hold the coordinate that the half layout rotates as coordinate i: "
+         "first the even rows of the head, then its odd rows; permute the rows of each head separately",
 )
 def check_interleaved_to_halves(convert) -> str:
-    generator = torch.Generator().manual_seed(10)
-    H, D, E, T = 3, 8, 12, 7
-    weight_q = torch.randn(H * D, E, generator=generator, dtype=torch.float64)
-    weight_k = torch.randn(H * D, E, generator=generator, dtype=torch.float64)
-    x = torch.randn(T, E, generator=generator, dtype=torch.float64)
-    expected = _per_head_scores(weight_q, weight_k, x, H, interleaved=True)
-    new_q = expect_tensor(call(convert, weight_q.clone(), H), what="interleaved_to_halves(weight_q, num_heads=3)", shape=(H * D, E))
-    new_k = expect_tensor(call(convert, weight_k.clone(), H), what="interleaved_to_halves(weight_k, num_heads=3)", shape=(H * D, E))
-    got = _per_head_scores(new_q.double(), new_k.double(), x, H, interleaved=False)
-    if _close(got, expected):
-        return ("with your permuted weights the half layout gives exactly the scores the interleaved model gave: "
-                "the same model, stored the other way.")
-    evens_odds = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
-    inverse = torch.argsort(evens_odds)
-    per_head_inverse = weight_q.view(H, D, E)[:, inverse].reshape(H * D, E)
-    global_perm = torch.cat([torch.arange(0, H * D, 2), torch.arange(1, H * D, 2)])
-    if torch.allclose(new_q.double(), per_head_inverse):
-        raise Mismatch("you applied the inverse permutation (halves -> interleaved); the new row i of each head "
-                       "must be the old row evens_then_odds[i]")
-    if torch.allclose(new_q.double(), weight_q[global_perm]):
-        raise Mismatch("you permuted all H*D rows at once; each head has its own D coordinates, so permute within every head")
-    if torch.allclose(new_q.double(), weight_q):
-        raise Mismatch("the weights came back unchanged: the same weights give different scores in the other layout")
-    if new_q.shape == weight_q.shape and torch.allclose(new_q.double(), weight_q.view(H, D, E)[:, evens_odds].reshape(H * D, E)):
-        raise Mismatch("weight_q is right but weight_k is not: convert both with the same function")
-    raise Mismatch(f"the scores of the converted model differ from the original's: largest difference "
-                   f"{float((got - expected).abs().max()):.3g}")
+    g = rng(10)
+    for H, D, E, T, dtype in ((3, 8, 12, 7, torch.float64), (1, 2, 3, 4, torch.float64), (4, 6, 5, 5, torch.float64),
+                              (2, 4, 6, 3, torch.float32)):
+        weight_q = randn(H * D, E, generator=g, dtype=dtype)
+        weight_k = randn(H * D, E, generator=g, dtype=dtype)
+        x = randn(T, E, generator=g, dtype=torch.float64)
+        expected = _per_head_scores(weight_q.double(), weight_k.double(), x, H, interleaved=True)
+        what_q = f"interleaved_to_halves(weight_q of shape {(H * D, E)}, num_heads={H})"
+        what_k = f"interleaved_to_halves(weight_k of shape {(H * D, E)}, num_heads={H})"
+        new_q = expect_tensor(call(convert, weight_q, H), what=what_q, shape=(H * D, E), dtype="float", device=weight_q)
+        new_k = expect_tensor(call(convert, weight_k, H), what=what_k, shape=(H * D, E), dtype="float", device=weight_k)
+        got = _per_head_scores(new_q.double(), new_k.double(), x, H, interleaved=False)
+        if _close(got, expected, atol=1e-5):
+            continue
+        evens_odds = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
+        per_head = lambda order: weight_q.view(H, D, E)[:, order].reshape(H * D, E)  # noqa: E731
+        candidates = {
+            "you applied the inverse permutation (halves -> interleaved); the new row i of each head must be the old "
+            "row that the half layout rotates as coordinate i": per_head(torch.argsort(evens_odds)),
+            "you put the odd rows first; the half layout's first half is made of the even rows (pair i's first "
+            "coordinate, 2i), then come the odd rows": per_head(torch.cat([torch.arange(1, D, 2), torch.arange(0, D, 2)])),
+            "you permuted all H*D rows at once; each head has its own D coordinates, so permute within every head":
+                weight_q[torch.cat([torch.arange(0, H * D, 2), torch.arange(1, H * D, 2)])],
+            "the weights came back unchanged: the same weights give different scores in the other layout": weight_q,
+        }
+        for mistake, wrong in candidates.items():
+            if not _close(wrong, per_head(evens_odds), atol=0) and _close(new_q, wrong, atol=0):
+                raise Mismatch(f"{what_q}: {mistake}")
+        if _close(new_q, per_head(evens_odds), atol=0):
+            raise Mismatch(f"{what_k}: weight_q is right but weight_k is not: convert both with the same function")
+        raise Mismatch(f"with H={H}, D={D}, E={E}: the scores of the converted model differ from the original's "
+                       f"(largest difference {float((got - expected).abs().max()):.3g}); permute the rows of each "
+                       "head, not the columns")
+    return ("with your permuted weights the half layout gives exactly the scores the interleaved model gave, for every "
+            "head count and width tried: the same model, stored the other way.")

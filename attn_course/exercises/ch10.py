@@ -1,4 +1,13 @@
-"""Checks for the exercises of chapter 10, grouped-query attention and sliding windows."""
+"""Checks for the exercises of chapter 10, grouped-query attention and sliding windows.
+
+Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and names
+the mistake when it recognises one; the table of those mistakes is in tests/test_exercises_ch10.py.
+They use the shared mechanism of ``attn_course.exercises``: torch's and the package's attention (also
+``enable_gqa=True``) forbidden where the exercise asks for the grouping itself, and the copies of
+``repeat_interleave`` that section 2 already showed; inputs watched for changes in place; sizes unlike
+the notebook's (one key/value head, as many as query heads, groups of 3, one position, batch 1 and 3);
+scores near 100 in float32; numbers given as numpy integers.
+"""
 
 from __future__ import annotations
 
@@ -6,137 +15,187 @@ import math
 
 import torch
 
-from . import Mismatch, call, exercise, expect, expect_close, expect_tensor
+from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor, forbidden,
+               large_scores, randn, rng)
 
-__all__ = ["check_gqa_cache_bytes", "check_grouped_attention", "check_mean_pool_kv", "check_receptive_field"]
+__all__ = ["check_gqa_cache_bytes", "check_grouped_attention", "check_mean_pool_kv", "check_receptive_field",
+           "check_rolling_read"]
 
 
 @exercise(
     "Exercise 1, the cache of grouped-query attention, with and without a window",
-    hint="2 (keys and values) * num_layers * batch_size * num_kv_heads * positions kept * head_dim * bytes_per_number, "
-    "where the positions kept are seq_len, or min(seq_len, window) with a window",
+    hint="keys and values (two tensors) for every layer, sequence, key/value head, position kept and number of the "
+         "head width, each taking bytes_per_number bytes; without a window every position is kept, with one only "
+         "the last window positions (or fewer, while the sequence is shorter)",
 )
 def check_gqa_cache_bytes(cache_bytes) -> str:
+    import numpy as np
+
     cases = [  # (num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_number, window)
         (32, 8, 128, 4096, 1, 2, None),  # 32 layers, 8 kv heads of width 128 (Llama 3 8B, Mistral 7B)
         (32, 8, 128, 32768, 1, 2, 4096),  # Mistral 7B: window 4096
         (2, 1, 16, 100, 3, 4, None),
         (2, 2, 16, 10, 3, 4, 64),  # a window longer than the sequence
         (4, 4, 8, 64, 2, 2, 64),  # a window exactly the sequence
+        (np.int64(80), np.int64(8), np.int64(128), np.int64(4096), np.int64(16), np.int64(2), None),  # numpy ints
     ]
     for num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_number, window in cases:
         kept = seq_len if window is None else min(seq_len, window)
-        expected = 2 * num_layers * batch_size * num_kv_heads * kept * head_dim * bytes_per_number
+        expected = int(2 * num_layers * batch_size * num_kv_heads * kept * head_dim * bytes_per_number)
         what = (f"cache_bytes(num_layers={num_layers}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, seq_len={seq_len}, "
                 f"batch_size={batch_size}, bytes_per_number={bytes_per_number}, window={window})")
-        got = call(cache_bytes, num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_number, window)
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool), f"{what}: return a number, got {type(got).__name__}")
+        got = expect_number(call(cache_bytes, num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_number,
+                                 window), what=what)
+        per_position = expected // int(kept)
         if got == expected / 2:
             raise Mismatch(f"{what} = {got:,}, exactly half the answer: the cache stores keys *and* values")
-        if window is not None and got == expected // kept * seq_len != expected:
+        if window is not None and got == per_position * seq_len != expected:
             raise Mismatch(f"{what} = {got:,}: you ignored the window; only the last {window} positions are kept")
-        if window is not None and got == expected // kept * window != expected:
-            raise Mismatch(f"{what} = {got:,}: the window is longer than the sequence here, so only {seq_len} positions are stored")
-        if window is not None and window < seq_len and got in (expected // kept * (window + 1), expected // kept * (window - 1)):
+        if window is not None and got == per_position * window != expected:
+            raise Mismatch(f"{what} = {got:,}: the window is longer than the sequence here, so only {seq_len} positions "
+                           "are stored")
+        if window is not None and window < seq_len and got in (per_position * (window + 1), per_position * (window - 1)):
             raise Mismatch(f"{what} = {got:,}: the window is off by one; the cache keeps exactly the last {window} positions")
         if batch_size > 1 and got == expected // batch_size:
             raise Mismatch(f"{what} = {got:,}: you left out the batch; every sequence of the batch has its own cache")
+        if got == expected / 2**30 or got == expected / 1e9:
+            raise Mismatch(f"{what} = {got}: that is the size in GiB (or GB); return it in bytes")
         expect(got == expected, f"{what}: expected {expected:,} bytes, got {got:,}")
-    windowed = 2 * 32 * 8 * 4096 * 128 * 2  # 32 layers, 8 kv heads of width 128, 4096 positions kept, float16
-    full_mha = 2 * 32 * 32 * 32768 * 128 * 2  # the same model with 32 key/value heads and no window, 32k positions
-    return (f"right. A 32k-token conversation of a 32-layer model with 8 key/value heads of width 128 and a 4,096-token "
-            f"window takes {windowed / 2**30:.2f} GiB in float16; with 32 key/value heads and no window it would take "
-            f"{full_mha / 2**30:.0f} GiB.")
+    return "your sizes are right with and without a window, for any batch, and with numpy integers too."
+
+
+def _causal_grouped(q, k, v, owner, *, scale=True, masked=True, mask_offset=0):
+    """Causal attention of every query head h to key/value head owner[h], in float64."""
+    D = q.size(-1)
+    L = q.size(-2)
+    k_full, v_full = k[:, owner].double(), v[:, owner].double()  # (B, H, L, D)
+    scores = q.double() @ k_full.transpose(-2, -1) / (math.sqrt(D) if scale else 1.0)  # (B, H, L, L)
+    if masked:
+        allowed = torch.ones(L, L, dtype=torch.bool).tril(mask_offset)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(dim=-1) @ v_full  # (B, H, L, D)
 
 
 @exercise(
-    "Exercise 2, grouped-query attention from its definition",
-    hint="repeat each key/value head for its group: key.repeat_interleave(H // G, dim=1) (not .repeat, which "
-    "tiles 0, 1, 0, 1, ...), then softmax(q @ k^T / sqrt(D)) @ v with a causal mask",
+    "Exercise 2, grouped-query attention without copying keys and values",
+    hint="give the queries an axis for their group, (B, G, H/G, L, D), and the keys and values a group axis of "
+         "size 1; the one key/value head of a group then lines up with each of its query heads by broadcasting in "
+         "the matrix products; scale, mask the future and normalise as in chapter 04, then fold the group axes back "
+         "into H",
+    forbid=("sdpa", "enable_gqa"),
 )
 def check_grouped_attention(grouped_attention) -> str:
-    generator = torch.Generator().manual_seed(11)
-    for B, H, G, L, D in ((1, 8, 4, 4, 2), (2, 6, 2, 5, 4)):  # groups of 2 (where h // G is a valid, wrong index), then of 3
-        _check_grouped_case(grouped_attention, generator, B, H, G, L, D)
-    return "your grouping is the one of F.scaled_dot_product_attention(..., enable_gqa=True): query head h reads key/value head h // (H / G)."
+    g = rng(11)
+    # (B, H, G, L, D): groups of 2 (where h // G is a valid, wrong index), of 3, multi-query (G = 1), multi-head
+    # (G = H), one query, batch 1 and 3, odd head widths.
+    cases = ((1, 8, 4, 4, 2), (2, 6, 2, 5, 4), (3, 4, 1, 3, 5), (2, 3, 3, 4, 3), (1, 4, 2, 1, 8))
+    for index, (B, H, G, L, D) in enumerate(cases):
+        q = randn(B, H, L, D, generator=g, dtype=torch.float64)
+        k = randn(B, G, L, D, generator=g, dtype=torch.float64)
+        v = randn(B, G, L, D, generator=g, dtype=torch.float64)
+        _check_grouped_case(grouped_attention, q, k, v)
+    # Scores near 100 in float32: a softmax written without its max shift overflows.
+    q = large_scores(2, 4, 5, 4, generator=g)  # rows of about +100 and -100
+    k = randn(2, 2, 5, 4, generator=g) + 1.0  # mostly positive: scores of a few hundred either way
+    v = randn(2, 2, 5, 4, generator=g)
+    _check_grouped_case(grouped_attention, q, k, v)
+    return ("your grouping is the one of F.scaled_dot_product_attention(..., enable_gqa=True): query head h reads "
+            "key/value head h // (H / G), without a copy of the keys and values per query head.")
 
 
-def _check_grouped_case(grouped_attention, generator, B, H, G, L, D) -> None:
-    q = torch.randn(B, H, L, D, generator=generator, dtype=torch.float64)
-    k = torch.randn(B, G, L, D, generator=generator, dtype=torch.float64)
-    v = torch.randn(B, G, L, D, generator=generator, dtype=torch.float64)
-    causal = torch.ones(L, L, dtype=torch.bool).tril()  # True = may attend
-
-    def attention(k_full, v_full, scale=True, masked=True):
-        scores = q @ k_full.transpose(-2, -1) / (math.sqrt(D) if scale else 1.0)  # (B, H, L, L)
-        if masked:
-            scores = scores.masked_fill(~causal, float("-inf"))
-        return scores.softmax(dim=-1) @ v_full  # (B, H, L, D)
-
-    got = call(grouped_attention, q.clone(), k.clone(), v.clone())
-    what = f"grouped_attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})"
-    got = expect_tensor(got, what=what, shape=(B, H, L, D)).double()
+def _check_grouped_case(grouped_attention, q, k, v) -> None:
+    B, H, L, D = q.shape
+    G = k.size(1)
+    what = f"grouped_attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, {q.dtype})"
+    with forbidden(torch.repeat_interleave, torch.Tensor.repeat, torch.tile,
+                   reason="this exercise asks for the grouping without copying the key/value heads (section 2 "
+                          "copied them); give the queries a group axis and let the keys broadcast"):
+        got = call(grouped_attention, q, k, v)
+    got = expect_tensor(got, what=what, shape=(B, H, L, D), dtype="float", device=q)
     group = H // G
-    expected = attention(k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
-    if torch.allclose(got, expected, atol=1e-6):
-        return
-    if torch.allclose(got, attention(k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)), atol=1e-6):
-        raise Mismatch(f"{what}: you tiled the key/value heads (0, 1, 0, 1, ...: head h % G) with .repeat; query head h "
-                       "must read key/value head h // (H / G), so each head is repeated in place: 0, 0, 0, 1, 1, 1 "
-                       "(repeat_interleave)")
-    by_g = torch.arange(H) // G  # the number of groups taken for the group size
-    if int(by_g.max()) < G and torch.allclose(got, attention(k[:, by_g], v[:, by_g]), atol=1e-6):
-        raise Mismatch(f"{what}: query head h read key/value head h // G; the group size is H // G = {group}, so it is "
-                       "h // (H // G)")
-    if torch.allclose(got, attention(k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), scale=False), atol=1e-6):
-        raise Mismatch(f"{what}: the scores are not divided by sqrt(D)")
-    if torch.allclose(got, attention(k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), masked=False), atol=1e-6):
-        raise Mismatch(f"{what}: every query sees every key: apply the causal mask (query i sees keys 0..i)")
-    expect_close(got, expected, what=what, atol=1e-6)
+    owner = torch.arange(H) // group  # query head h reads key/value head h // (H / G)
+    expected = _causal_grouped(q, k, v, owner)
+    close = lambda wrong: torch.allclose(got.detach().double().cpu(), wrong, atol=1e-5, equal_nan=True)  # noqa: E731
+    if not close(expected):
+        candidates = {
+            f"query head h read key/value head h % G (0, 1, 0, 1, ...: tiled); query head h must read key/value head "
+            f"h // (H / G), so the group of key/value head g is the consecutive query heads g * {group} .. "
+            f"(g + 1) * {group} - 1": torch.arange(H) % G,
+            f"query head h read key/value head h // G; the group size is H // G = {group}, so it is h // (H // G)":
+                torch.arange(H) // G,
+        }
+        for mistake, wrong_owner in candidates.items():
+            if int(wrong_owner.max()) < G and not torch.equal(wrong_owner, owner) and \
+                    close(_causal_grouped(q, k, v, wrong_owner)):
+                raise Mismatch(f"{what}: {mistake}")
+        if close(_causal_grouped(q, k, v, owner, scale=False)):
+            raise Mismatch(f"{what}: the scores are not divided by sqrt(D)")
+        if L > 1 and close(_causal_grouped(q, k, v, owner, masked=False)):
+            raise Mismatch(f"{what}: every query sees every key: apply the causal mask (query i sees keys 0..i)")
+        if L > 1 and close(_causal_grouped(q, k, v, owner, mask_offset=-1)):
+            raise Mismatch(f"{what}: query i does not see itself; the causal mask keeps keys 0..i, the diagonal included")
+    if not torch.isfinite(got).all():
+        raise Mismatch(f"{what}: your result contains inf or NaN: with scores of a few hundred, exp overflows float32; "
+                       "subtract each row's maximum before exponentiating (or use a softmax)")
+    expect_close(got, expected.to(q.dtype), what=what)
 
 
 @exercise(
     "Exercise 3, mean-pooling key/value heads (Ainslie et al.)",
-    hint="weight has num_heads blocks of head_dim rows; view it as (G, H // G, D, E), average over axis 1, "
-    "and reshape to (G * D, E)",
+    hint="the weight holds one block of head_dim rows per head, in head order; the group of key/value head g is "
+         "the consecutive heads g * H/G to (g + 1) * H/G - 1; average their blocks, element by element, into one "
+         "block per group",
 )
 def check_mean_pool_kv(mean_pool) -> str:
-    generator = torch.Generator().manual_seed(12)
-    H, G, D, E = 8, 2, 3, 5
-    weight = torch.randn(H * D, E, generator=generator, dtype=torch.float64)
-    got = call(mean_pool, weight.clone(), H, G)
-    what = f"mean_pool(weight of shape {(H * D, E)}, num_heads={H}, num_kv_heads={G})"
-    got = expect_tensor(got, what=what, shape=(G * D, E)).double()
-    heads = weight.view(H, D, E)
-    expected = heads.view(G, H // G, D, E).mean(dim=1).reshape(G * D, E)
-    if torch.allclose(got, expected):
-        # a second shape, so that the answer is not tuned to one case
-        other = torch.randn(6 * 4, 3, generator=generator, dtype=torch.float64)
-        got2 = expect_tensor(call(mean_pool, other.clone(), 6, 3), what="mean_pool(weight (24, 3), num_heads=6, num_kv_heads=3)", shape=(12, 3))
-        expect_close(got2, other.view(3, 2, 4, 3).mean(dim=1).reshape(12, 3), what="mean_pool(weight (24, 3), num_heads=6, num_kv_heads=3)")
-        return "your pooled weights match GroupedQueryAttention.from_multihead: each key/value head is its group's mean."
-    if torch.allclose(got, heads.view(G, H // G, D, E).sum(dim=1).reshape(G * D, E)):
-        raise Mismatch("you summed the heads of each group; Ainslie et al. take the mean (a sum makes keys H/G times larger)")
-    if torch.allclose(got, heads.view(H // G, G, D, E).mean(dim=0).reshape(G * D, E)):
-        raise Mismatch("you averaged heads h, h + G, h + 2G, ...; the group of key/value head g is the consecutive "
-                       "query heads g * H/G .. (g + 1) * H/G - 1")
-    if torch.allclose(got, heads.view(G, H // G, D, E)[:, 0].reshape(G * D, E)):
-        raise Mismatch("you kept the first head of each group; mean-pooling averages all heads of the group")
-    raise Mismatch(f"{what}: the values differ from the mean of each group's heads")
+    import numpy as np
+
+    g = rng(12)
+    # (H, G, D, E): the notebook's case, then multi-query, multi-head, groups of 3, and numpy integers.
+    for H, G, D, E, dtype in ((8, 2, 3, 5, torch.float64), (4, 1, 2, 3, torch.float64), (3, 3, 4, 2, torch.float64),
+                              (6, 2, 4, 3, torch.float32), (np.int64(8), np.int64(4), 2, 4, torch.float64)):
+        weight = randn(int(H) * D, E, generator=g, dtype=dtype)
+        what = f"mean_pool(weight of shape {(int(H) * D, E)}, num_heads={H}, num_kv_heads={G})"
+        got = expect_tensor(call(mean_pool, weight, H, G), what=what, shape=(int(G) * D, E), dtype="float",
+                            device=weight)
+        H, G = int(H), int(G)
+        heads = weight.double().view(H, D, E)
+        expected = heads.view(G, H // G, D, E).mean(dim=1).reshape(G * D, E)
+        gd = got.detach().double().cpu()
+        if not torch.allclose(gd, expected, atol=1e-5) and G < H:
+            candidates = {
+                "you summed the heads of each group; Ainslie et al. take the mean (a sum makes keys H/G times larger)":
+                    heads.view(G, H // G, D, E).sum(dim=1).reshape(G * D, E),
+                "you averaged heads h, h + G, h + 2G, ...; the group of key/value head g is the consecutive query heads "
+                "g * H/G .. (g + 1) * H/G - 1": heads.view(H // G, G, D, E).mean(dim=0).reshape(G * D, E),
+                "you kept the first head of each group; mean-pooling averages all heads of the group":
+                    heads.view(G, H // G, D, E)[:, 0].reshape(G * D, E),
+                "you averaged within each head's rows instead of across the heads of a group":
+                    heads.view(G, H // G, D, E).mean(dim=2, keepdim=True).expand(G, H // G, D, E)[:, 0].reshape(G * D, E),
+            }
+            for mistake, wrong in candidates.items():
+                if torch.allclose(gd, wrong, atol=1e-5):
+                    raise Mismatch(f"{what}: {mistake}")
+        expect_close(got, expected.to(dtype), what=what)
+    return "your pooled weights match GroupedQueryAttention.from_multihead: each key/value head is its group's mean."
 
 
 @exercise(
     "Exercise 4, how far back does a stack of sliding-window layers see?",
-    hint="each layer moves information at most window - 1 positions back; count the token itself",
+    hint="each layer moves information at most window - 1 positions further back; count the last position itself, "
+         "and remember that nothing lies before the first token",
 )
 def check_receptive_field(receptive_field) -> str:
-    for num_layers, window, seq_len in ((1, 4, 100), (3, 4, 100), (2, 1, 50), (6, 5, 20), (4, 4096, 32768), (32, 4096, 32768)):
-        expected = min(seq_len, num_layers * (window - 1) + 1)
-        got = call(receptive_field, num_layers, window, seq_len)
+    import numpy as np
+
+    cases = ((1, 4, 100), (3, 4, 100), (2, 1, 50), (6, 5, 20), (4, 4096, 32768), (32, 4096, 32768), (1, 1, 1),
+             (np.int64(3), np.int64(4), np.int64(9)))
+    for num_layers, window, seq_len in cases:
+        expected = int(min(seq_len, num_layers * (window - 1) + 1))
         what = f"receptive_field(num_layers={num_layers}, window={window}, seq_len={seq_len})"
-        expect(isinstance(got, int) and not isinstance(got, bool), f"{what}: return an int, got {type(got).__name__} {got!r}")
+        got = expect_int(call(receptive_field, num_layers, window, seq_len), what=what)
         if got == min(seq_len, num_layers * window) != expected:
-            raise Mismatch(f"{what} = {got}: layers x window counts the token itself once per layer; each layer adds window - 1")
+            raise Mismatch(f"{what} = {got}: layers x window counts the token itself once per layer; each layer adds "
+                           "window - 1")
         if got == num_layers * (window - 1) + 1 != expected:
             raise Mismatch(f"{what} = {got}: a token cannot see further back than the start of the sequence (seq_len)")
         if got == expected - 1 and expected < seq_len:
@@ -144,5 +203,61 @@ def check_receptive_field(receptive_field) -> str:
                            f"{window} sees {window} positions)")
         if got == min(seq_len, window) != expected:
             raise Mismatch(f"{what} = {got}: that is one layer's view; stacked layers relay information further")
+        if got == min(seq_len, num_layers * window + 1) != expected:
+            raise Mismatch(f"{what} = {got}: that is the Mistral paper's convention, where a window W holds W + 1 "
+                           "positions (i - W to i); here a window of w holds w positions, the query's own included")
         expect(got == expected, f"{what}: expected {expected}, got {got}")
     return "right: Mistral's 32 layers with a 4096-token window relay information across the whole 32k context."
+
+
+def _kept(keys: torch.Tensor, seen: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rolling buffer after ``seen`` positions of ``keys`` (B, G, T, D) were written, and what it keeps."""
+    buffer = torch.zeros(*keys.shape[:2], window, keys.size(-1), dtype=keys.dtype)
+    for p in range(seen):
+        buffer[:, :, p % window] = keys[:, :, p]
+    return buffer, keys[:, :, max(0, seen - window):seen]
+
+
+@exercise(
+    "Exercise 5, reading a rolling buffer in position order",
+    hint="while fewer than window positions were written they sit in the first slots, in order; after that the "
+         "oldest kept position is the one written next, so the reading starts at the slot seen mod window and "
+         "wraps around to the start of the buffer",
+    forbid=("attn_course",),
+)
+def check_rolling_read(read_in_order) -> str:
+    import numpy as np
+
+    g = rng(13)
+    # (B, G, window, D, seen): still filling, exactly full, one past, several turns, a window of 1, numpy seen.
+    cases = ((1, 1, 4, 1, 3), (2, 2, 4, 3, 4), (1, 2, 4, 2, 5), (2, 1, 5, 2, 13), (1, 3, 3, 2, 9), (2, 1, 1, 4, 6),
+             (1, 1, 6, 2, np.int64(8)))
+    for B, G, window, D, seen in cases:
+        keys = randn(B, G, int(seen), D, generator=g)
+        buffer, expected = _kept(keys, int(seen), window)
+        what = f"read_in_order(buffer of shape {tuple(buffer.shape)}, seen={seen}) (window {window})"
+        got = expect_tensor(call(read_in_order, buffer, seen), what=what, dtype="float", device=buffer)
+        kept = min(int(seen), window)
+        if tuple(got.shape) == tuple(buffer.shape) and kept < window:
+            raise Mismatch(f"{what}: only {kept} positions were written, so return {kept} of the {window} slots; the "
+                           "others hold nothing yet (shape (B, G, min(seen, window), D))")
+        expect_tensor(got, what=what, shape=expected.shape)
+        gd = got.detach()
+        if not torch.allclose(gd, expected):
+            start = int(seen) % window
+            candidates = {
+                "these are the slots in slot order; attention needs the positions oldest first, and after the buffer "
+                "wrapped the oldest is not in slot 0": buffer,
+                "your positions come newest first; read them oldest first": expected.flip(-2),
+                "your reading starts one slot too late": buffer.roll(-(start + 1), dims=-2),
+                "your reading starts one slot too early": buffer.roll(-(start - 1), dims=-2),
+                "you rolled the buffer the wrong way: the oldest kept position is in slot seen mod window, and must "
+                "come first": buffer.roll(start, dims=-2),
+            }
+            for mistake, wrong in candidates.items():
+                if kept == window and wrong.shape == expected.shape and not torch.allclose(wrong, expected) and \
+                        torch.allclose(gd, wrong):
+                    raise Mismatch(f"{what}: {mistake}")
+        expect_close(got, expected, what=what)
+    return ("your reading gives the kept positions oldest first, as attn_course.RollingKVCache hands them to attention, "
+            "while the buffer fills and after any number of turns.")
