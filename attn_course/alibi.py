@@ -37,8 +37,10 @@ def alibi_slopes(num_heads: int, *, device=None, dtype=None) -> torch.Tensor:
     """The head slopes ``m_h`` of Press et al. (2022).
 
     For a power of two ``H``: the geometric sequence that starts at ``2 ** (-8 / H)`` with that same
-    ratio (8 heads: ``1/2, 1/4, ..., 1/256``; 16 heads: ``1/sqrt(2), 1/2, ..., 1/256``). For another
-    ``H``, the paper's rule: the slopes of the power of two just below, ``n = 2 ** floor(log2 H)``,
+    ratio (8 heads: ``1/2, 1/4, ..., 1/256``; 16 heads: ``1/sqrt(2), 1/2, ..., 1/256``), as the paper
+    defines it. For another ``H``, the rule of the authors' code (``get_slopes`` in
+    ofirpress/attention_with_linear_biases, "a workaround": the paper trains only powers of two), which
+    BLOOM and MPT use too: the slopes of the power of two just below, ``n = 2 ** floor(log2 H)``,
     followed by every other slope of ``2n`` heads (the 1st, 3rd, ...) until there are ``H``.
 
     Args:
@@ -46,8 +48,8 @@ def alibi_slopes(num_heads: int, *, device=None, dtype=None) -> torch.Tensor:
         device, dtype: of the result (default: the CPU and torch's default dtype).
 
     Returns:
-        The slopes, one per head, in the paper's order (for a power of two, largest first; otherwise
-        the ``n`` slopes of the power of two, then the extra ones).
+        The slopes, one per head, in that order (for a power of two, largest first; otherwise the
+        ``n`` slopes of the power of two, then the extra ones).
 
     Shape:
         ``(H,)``

@@ -19,8 +19,9 @@ def test_sixteen_heads_start_at_one_over_sqrt_two():
     torch.testing.assert_close(slopes, torch.tensor([2 ** (-0.5 * (h + 1)) for h in range(16)], dtype=torch.float64))
 
 
-def _paper_get_slopes(n):
-    """The function of the paper's released code (ofirpress/attention_with_linear_biases), transcribed."""
+def _authors_get_slopes(n):
+    """The function of the authors' released code (ofirpress/attention_with_linear_biases), transcribed: the paper
+    itself defines the slopes for powers of two only; the code's "workaround" covers other head counts."""
     def power_of_2(n):
         start = 2 ** (-2 ** -(math.log2(n) - 3))
         return [start * start ** i for i in range(n)]
@@ -28,13 +29,13 @@ def _paper_get_slopes(n):
     if math.log2(n).is_integer():
         return power_of_2(n)
     closest = 2 ** math.floor(math.log2(n))
-    return power_of_2(closest) + _paper_get_slopes(2 * closest)[0::2][: n - closest]
+    return power_of_2(closest) + _authors_get_slopes(2 * closest)[0::2][: n - closest]
 
 
 @pytest.mark.parametrize("num_heads", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32])
-def test_slopes_follow_the_papers_rule(num_heads):
+def test_slopes_follow_the_authors_code(num_heads):
     slopes = ac.alibi_slopes(num_heads, dtype=torch.float64)
-    torch.testing.assert_close(slopes, torch.tensor(_paper_get_slopes(num_heads), dtype=torch.float64))
+    torch.testing.assert_close(slopes, torch.tensor(_authors_get_slopes(num_heads), dtype=torch.float64))
     assert slopes.shape == (num_heads,) and len(set(slopes.tolist())) == num_heads
 
 
