@@ -1429,7 +1429,7 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
                          "reads tanh(W_c [cᵢ; sᵢ])")
         logits = vector(d, (x_c, out.y1 + 0.35), V, "score", "logits", "V", at="right")
         d.arrow(out.bottom, logits.top)
-        steps.append(f"the output layer gives one logit per token of the vocabulary {shp.alt('V')}")
+        steps[-1] += f", which gives the logits, one per token of the vocabulary {shp.alt('V')}"
         who = {"none": "without attention", "additive": "with Bahdanau's attention",
                "dot": "with Luong's attention"}[kind]
         return f"Diagram of an RNN encoder-decoder {who}, at decoder step i: " + "; ".join(steps) + "."
