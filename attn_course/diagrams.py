@@ -1389,7 +1389,7 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
             d.arrow(c.right, out.left, via=[(c.x1 + 0.3, c.center[1]), (c.x1 + 0.3, out.center[1])])
             steps.append(f"at step i the GRU reads the embedded previous token yᵢ₋₁ {shp.alt('E')}, the summary c "
                          f"and the previous state sᵢ₋₁ {shp.alt('D')}, and gives the new state sᵢ; the output layer "
-                         "reads [sᵢ; c]; nothing but c leaves the encoder")
+                         "reads [sᵢ; c]")
         elif kind == "additive":
             s_prev, y_prev = inputs(True)
             ctx = attention((s_prev.x0, top), "vᵀtanh(W sᵢ₋₁ + U hⱼ)\nsoftmax over j")
@@ -1430,6 +1430,8 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
         logits = vector(d, (x_c, out.y1 + 0.35), V, "score", "logits", "V", at="right")
         d.arrow(out.bottom, logits.top)
         steps[-1] += f", which gives the logits, one per token of the vocabulary {shp.alt('V')}"
+        if kind == "none":
+            steps.append("nothing but c leaves the encoder")
         who = {"none": "without attention", "additive": "with Bahdanau's attention",
                "dot": "with Luong's attention"}[kind]
         return f"Diagram of an RNN encoder-decoder {who}, at decoder step i: " + "; ".join(steps) + "."
