@@ -56,8 +56,6 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
         "01_why_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
-        "03_scaled_dot_product_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
-        "04_causal_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "05_multi_head_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "06_positional_encoding": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "07_character_translator": "no 'runs top to bottom in about N s on <machine>' in the header yet",
@@ -67,8 +65,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     },
     "prose_run_time": {
         "01_why_attention": "header: 'runs in under a minute', the record is 127 s",
-        "03_scaled_dot_product_attention": "header: 'runs in under 20 seconds', the record is 25 s",
-        "04_causal_attention": "header: 'runs in under 20 seconds', the record is 35 s",
         "05_multi_head_attention": "header: 'runs in under a minute', the record is 105 s",
         "09_rotary_and_alibi": "header: 'runs in under a minute', the record is 91 s",
         "10_grouped_query_attention": "header: 'runs in under a minute', the record is 88 s",
@@ -82,8 +78,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         "07_character_translator": "cell 83's prediction (post-norm's final LayerNorm) is answered in the open in cell 87",
     },
     "torch_error_text": {
-        "03_scaled_dot_product_attention": "nbval cell 3 prints PyTorch's matmul shape error (2.15 prefixes 'mm: ')",
-        "04_causal_attention": "nbval cell 9 prints PyTorch's masked_fill float16 overflow error",
     },
 }
 
