@@ -19,7 +19,8 @@ Builders (chapter): :func:`seq2seq_attention` (01), :func:`attention_flow` (02 `
 04 ``mask=...``, 09 ``rotary=True``/``bias="alibi"``, 10 ``mask="sliding"``), :func:`head_split`,
 :func:`head_layouts` and :func:`multihead_flow` (05; 10 with ``kv_heads``), :func:`positional_flow` (06),
 :func:`transformer_flow` (07), :func:`tiled_attention_flow` and :func:`kv_cache_flow` (08; 10 with
-``window``), :func:`rotary_pairs` (09), :func:`grouped_heads` (10), :func:`latent_attention_flow` (11),
+``window``), :func:`rotary_pairs` and :func:`alibi_flow` (09), :func:`grouped_heads` and
+:func:`rolling_cache_flow` (10), :func:`latent_attention_flow` (11),
 :func:`linear_attention_flow` (12). Sizes are keyword integers; ``names`` renames the symbols in the
 shapes (``{"L": "T"}``), ``shapes`` shows "both" (symbols over numbers), "numbers" or "symbols".
 
@@ -62,13 +63,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .alibi import alibi_slopes
+
 __all__ = [
     "PALETTE", "HEAD_COLOURS", "MASK_COLOURS", "WEIGHT_CMAP", "CELL", "CAP", "MAX_WIDTH",
     "head_colour", "text_colour", "contrast_ratio", "alt_text", "show", "sync_alt_texts",
     "Diagram", "Block",
     "attention_flow", "head_split", "head_layouts", "multihead_flow", "seq2seq_attention", "encoder_decoder_step", "positional_flow",
     "transformer_flow", "tiled_attention_flow", "kv_cache_flow", "rotary_pairs", "grouped_heads",
-    "latent_attention_flow", "linear_attention_flow",
+    "latent_attention_flow", "linear_attention_flow", "alibi_flow", "rolling_cache_flow",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -2055,3 +2058,183 @@ def linear_attention_flow(Dk: int = 4, Dv: int = 6, *, rule: str = "linear", gat
 
     return _fit(draw)
 
+
+
+def _bias_shade(bias: float, lowest: float):
+    """ALiBi's colour for a bias (0 down to ``lowest`` < 0): the position colour, darker the more negative,
+    on one scale for every head."""
+    fade = 0.85 * (bias / lowest if lowest < 0 else 0.0)
+    base = np.array(_rgb(PALETTE["position"]))
+    return tuple(base * (1 - fade) + fade * np.array([0.45, 0.2, 0.1]))
+
+
+def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7)):
+    """Chapter 09: ALiBi, one bias matrix per head added to the scores before the softmax.
+
+    The distances ``i - j`` of query ``i`` and key ``j`` (the same for every head) are multiplied by each
+    head's own slope ``-m_h`` (:func:`attn_course.alibi_slopes`); each head adds its bias to its scores,
+    and the causal mask and the softmax follow. The biases share one colour scale, so a steep head is
+    visibly darker; its weights (drawn from the bias plus small illustrative scores) stay near the
+    diagonal, while a shallow head's spread over every key.
+
+    Args:
+        L: queries and keys (``L <= CAP``: each distance is written in its cell).
+        H: heads (the slopes depend on it).
+        heads: the heads drawn, one row each (at most 4).
+
+    Returns:
+        The ``Figure``; its alt text is ``fig.attn_alt``.
+    """
+    L, H = _size(L, "L"), _size(H, "H")
+    if L > CAP:
+        raise ValueError(f"L must be at most {CAP} to write every distance, got {L}")
+    if isinstance(heads, (int, str)) or not heads or len(heads) > 4:
+        raise TypeError(f"heads must be a sequence of 1 to 4 head indices such as (0, 3, 7), got {heads!r}")
+    heads = [int(h) for h in heads]
+    if any(h < 0 or h >= H for h in heads):
+        raise ValueError(f"every entry of heads must be in [0, H) = [0, {H}), got {heads}")
+    slopes = [float(m) for m in alibi_slopes(H).double().tolist()]
+    distance = np.arange(L)[:, None] - np.arange(L)[None, :]  # (L, L): i - j
+    allowed = distance >= 0
+    lowest = -max(slopes[h] for h in heads) * (L - 1)
+    shp = _Shapes(None, "both", {"L": L, "H": H, "1": 1})
+
+    def slope_text(m: float) -> str:
+        return f"1/{round(1 / m)}" if abs(1 / m - round(1 / m)) < 1e-9 else f"{m:.3g}"
+
+    def draw(d: Diagram) -> str:
+        big = 0.22 if L <= 8 else 0.17  # cell of the distance matrix, wide enough for its numbers
+        dist_cells = np.where(allowed, "#ffffff", PALETTE["mask_blocked"]).astype(object)
+        dist = d.block((L * big / 2, 0.0), L, L, role="input", name="i − j", name_at="above", cells=dist_cells,
+                       width=L * big, height=L * big, shape=shp("L", "L"), shape_at="left")
+        for (i, j), dd in np.ndenumerate(distance):
+            if dd >= 0:
+                d.text(dist.x0 + (j + 0.5) * big, dist.y0 + (i + 0.5) * big, str(dd), size=7.5, colour=INK, zorder=3)
+        y = dist.y1 + 0.45 + d.ext(L) / 2
+        x_times = dist.center[0]
+        rows = []
+        words = []
+        rng = np.random.default_rng(1)
+        for h in heads:
+            m = slopes[h]
+            times = d.op((x_times, y), f"× −{slope_text(m)}")
+            d.arrow((x_times, (rows[-1][0].y1 if rows else dist.y1 + 0.05)), times.top)
+            bias = -m * distance
+            cells = np.empty((L, L), dtype=object)
+            for (i, j), b in np.ndenumerate(bias):
+                cells[i, j] = _bias_shade(b, lowest) if allowed[i, j] else PALETTE["mask_blocked"]
+            b_block = d.block((times.x1 + 0.35 + d.ext(L) / 2, y), L, L, role="position", cells=cells,
+                              shape=f"bias, head {h}", shape_at="above")
+            d.arrow(times.right, b_block.left)
+            plus = d.op((b_block.x1 + 0.4, y), "+")
+            d.arrow(b_block.right, plus.left)
+            if rows:  # the first row's scores are named in full below
+                note = d.text(plus.center[0] + 0.1, plus.y0 - 0.22, "its scores", va="bottom", ha="left", colour=INK)
+                d.arrow((plus.center[0], note.y0 + note.h / 2), plus.top)
+            scores = rng.normal(0.0, 0.4, (L, L))
+            node = d.op((plus.x1 + 0.75, y), "mask,\nsoftmax")
+            d.arrow(plus.right, node.left)
+            logits = np.where(allowed, scores + bias, -np.inf)
+            e = np.exp(logits - logits.max(axis=1, keepdims=True))
+            weights = e / e.sum(axis=1, keepdims=True)
+            a = d.block((node.x1 + 0.35 + d.ext(L) / 2, y), L, L, role="weight", values=weights,
+                        shape=f"weights, head {h}", shape_at="above")
+            d.arrow(node.right, a.left)
+            rows.append((times, plus))
+            far = weights[-1, 0]
+            reach = f"{-m * (L - 1):.3g}".replace("-", "−")
+            words.append(f"head {h} multiplies them by −{slope_text(m)} (bias {reach} at distance {L - 1}; "
+                         f"the last query's weight on the first key about {far:.2f})")
+            y += d.ext(L) + 0.75
+        # the scores enter every "+" from above: one column of score blocks would crowd the rows; a note instead
+        first_plus = rows[0][1]
+        note = d.text(first_plus.center[0], first_plus.y0 - d.ext(L) / 2 - 0.12, "+ the head's scores\nQKᵀ/√D " +
+                      shp("L", "L").replace("\n", " = "), va="bottom", colour=INK)
+        d.arrow((first_plus.center[0], note.y1 + 0.02), first_plus.top)
+        return (f"Diagram of ALiBi with {H} heads: the distances i − j between query i and key j, {shp.alt('L', 'L')}, "
+                "written in the cells (future keys greyed), are the same for every head; each head multiplies them by "
+                "its own slope and adds the result, a bias matrix of the same shape, to its scores (here small "
+                "illustrative ones) before the causal mask and the softmax; " + "; ".join(words) + ". The biases share one colour scale, darker the more "
+                "negative.")
+
+    return _fit(draw)
+
+
+def rolling_cache_flow(window: int = 4, T: int = 10):
+    """Chapter 10: a sliding window of ``window`` keys, and the rolling buffer that holds them.
+
+    Left: the window mask over ``T`` positions (query ``i`` sees keys ``i - window + 1 .. i``), the last
+    query's row outlined. Right: the ``T`` tokens so far; the last ``window`` are the keys that row
+    reads; they sit in a buffer of ``window`` slots, position ``p`` in slot ``p mod window``, each over
+    the position ``window`` places earlier; attention reads the slots in position order.
+
+    Args:
+        window: keys a query sees, its own included (``window <= 8``).
+        T: tokens so far (``window <= T <= CAP``).
+
+    Returns:
+        The ``Figure``; its alt text is ``fig.attn_alt``.
+    """
+    import matplotlib.patches as mpatches
+
+    W, T = _size(window, "window"), _size(T, "T")
+    if W > 8 or T > CAP or T < W:
+        raise ValueError(f"window must be at most 8 and T between window and {CAP}, got window={W} and T={T}")
+    shp = _Shapes(None, "both", {"T": T})
+    i = np.arange(T)[:, None]
+    j = np.arange(T)[None, :]
+    allowed = (j <= i) & (j > i - W)
+    kept = list(range(T - W, T))
+    slot_of = {p: p % W for p in kept}
+    order = [slot_of[p] for p in kept]
+
+    def draw(d: Diagram) -> str:
+        mask = d.block((d.ext(T) / 2, d.ext(T) / 2), T, T, role="mask_allowed", name=f"M, window {W}", name_at="above",
+                       cells=_mask_cells(allowed), shape=shp("T", "T"), shape_at="below")
+        row_h = mask.h / T
+        d.ax.add_patch(mpatches.Rectangle((mask.x0, mask.y1 - row_h), mask.w, row_h, facecolor="none", edgecolor=INK,
+                                          linewidth=2.0, zorder=3.6))
+        d.text(mask.x0 - 0.06, mask.y1 - row_h / 2, f"query {T - 1}", ha="right", colour=INK)
+        box = 0.27
+        x0 = mask.x1 + 1.3
+        y_tok = 0.25
+        tokens = []
+        for p in range(T):
+            role = "key" if p in kept else "mask_blocked"
+            blk = d.block((x0 + p * (box + 0.04) + box / 2, y_tok), 1, 1, role=role, width=box, height=box)
+            d.text(blk.center[0], blk.center[1], str(p), size=_SMALL_PT, colour=INK if p in kept else MUTED, zorder=3)
+            tokens.append(blk)
+        d.text(tokens[0].x0 - 0.08, y_tok, f"keys of\npositions 0 to {T - 1}", ha="right", colour=INK)
+        first_kept = tokens[T - W]
+        if T > W:
+            d.text((tokens[0].x0 + tokens[T - W - 1].x1) / 2, tokens[0].y1 + 0.06, "no longer kept", va="top")
+        top = first_kept.y0 - 0.1
+        d.arrow((first_kept.x0, top + 0.05), (tokens[-1].x1, top + 0.05), via=[(first_kept.x0, top), (tokens[-1].x1, top)],
+                head=False, colour=INK)
+        d.text((first_kept.x0 + tokens[-1].x1) / 2, top - 0.05, f"the keys query {T - 1} sees", va="bottom", colour=INK)
+        # the buffer: W slots, centred under the kept tokens
+        y_buf = y_tok + 1.05
+        centre = (first_kept.x0 + tokens[-1].x1) / 2
+        slots = []
+        for s in range(W):
+            x = centre + (s - (W - 1) / 2) * (box + 0.12)
+            blk = d.block((x, y_buf), 1, 1, role="key", width=box, height=box)
+            holder = next(p for p in kept if p % W == s)
+            d.text(blk.center[0], blk.center[1], str(holder), size=_SMALL_PT, colour=INK, zorder=3)
+            d.text(blk.center[0], blk.y1 + 0.05, f"slot {s}", va="top")
+            slots.append(blk)
+        group = d.group(slots, f"rolling buffer, {W} slots", pad=0.2, colour=_edge(PALETTE["state"]), label_at="below")
+        for p in kept:
+            d.arrow(tokens[p].bottom, slots[p % W].top, colour=MUTED)
+        d.text(group.center[0], group.y1 + 0.3, "read in position order: slots " + ", ".join(map(str, order)),
+               va="top", colour=INK)
+        overwritten = [p for p in range(T - W, T) if p >= W]
+        over_words = (", so positions " + ", ".join(map(str, overwritten)) + " have overwritten positions "
+                      + ", ".join(str(p - W) for p in overwritten)) if overwritten else ""
+        return (f"Diagram of a sliding window of {W} keys and its rolling cache after {T} tokens: the window mask M "
+                f"{shp.alt('T', 'T')} lets query i see keys i − {W - 1} to i, so its last row, query {T - 1}, sees keys "
+                f"{T - W} to {T - 1}; only those {W} keys are kept, in a buffer of {W} slots, position p in slot "
+                f"p mod {W}{over_words}; attention reads the slots in position order, " + ", ".join(map(str, order))
+                + ".")
+
+    return _fit(draw)

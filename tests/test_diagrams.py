@@ -62,6 +62,12 @@ CASES = {
     "rotary_halves": lambda: dg.rotary_pairs(D=16, position=1000, interleaved=False),
     "grouped_heads": lambda: dg.grouped_heads(8, (8, 2, 1)),
     "grouped_heads_huge": lambda: dg.grouped_heads(32, (32, 4)),
+    "alibi": lambda: dg.alibi_flow(L=6, H=8, heads=(0, 3, 7)),
+    "alibi_small": lambda: dg.alibi_flow(L=1, H=1, heads=(0,)),
+    "alibi_huge": lambda: dg.alibi_flow(L=12, H=112, heads=(0, 7, 63, 111)),
+    "rolling_cache": lambda: dg.rolling_cache_flow(window=4, T=10),
+    "rolling_cache_small": lambda: dg.rolling_cache_flow(window=1, T=1),
+    "rolling_cache_huge": lambda: dg.rolling_cache_flow(window=8, T=12),
     "latent": lambda: dg.latent_attention_flow(L=6, E=32, H=4, d_c=8, d_h=8, d_r=4),
     "latent_absorbed": lambda: dg.latent_attention_flow(L=6, E=32, H=4, d_c=8, d_h=8, d_r=4, absorbed=True),
     "latent_huge": lambda: dg.latent_attention_flow(L=4096, E=5120, H=128, d_c=512, d_h=128, d_r=64),
@@ -461,3 +467,46 @@ def test_head_layouts_draws_the_tokens_that_torch_puts_in_each_head(T, E, H):
 def test_head_layouts_refuses_what_it_cannot_draw(kwargs, match):
     with pytest.raises(ValueError, match=match):
         dg.head_layouts(**kwargs)
+
+
+def test_alibi_flow_draws_the_packages_slopes_on_one_scale():
+    """The slope of each drawn head is alibi_slopes'; a steeper head's bias is drawn darker (one scale)."""
+    fig = dg.alibi_flow(L=6, H=12, heads=(0, 8, 11))
+    slopes = ac.alibi_slopes(12, dtype=torch.float64).tolist()
+    labels = [t.get_text() for t in texts(fig)]
+    for h in (0, 8, 11):
+        m = slopes[h]
+        expected = f"× −1/{round(1 / m)}" if abs(1 / m - round(1 / m)) < 1e-9 else f"× −{m:.3g}"
+        assert expected in labels, (expected, labels)
+    bias_cells = [p for p in patches(fig, "cell:position")]
+    darkest = min(sum(to_rgb(p.get_facecolor())) for p in bias_cells)
+    lightest = max(sum(to_rgb(p.get_facecolor())) for p in bias_cells)
+    assert darkest < lightest - 0.5  # head 0 at distance 5 is much darker than a distance of 0
+    assert "head 0 multiplies them by −1/" in dg.alt_text(fig) or "head 0 multiplies them by −0." in dg.alt_text(fig)
+
+
+def test_rolling_cache_flow_puts_each_position_in_the_slot_of_the_package_cache():
+    for window, T in ((4, 10), (3, 3), (5, 12), (1, 6)):
+        fig = dg.rolling_cache_flow(window=window, T=T)
+        cache = ac.RollingKVCache(1, 1, 1, 1, window)
+        for p in range(T):
+            cache.update(0, torch.full((1, 1, 1, 1), float(p)), torch.zeros(1, 1, 1, 1))
+        slots = [int(v) for v in cache.keys[0].flatten().tolist()]
+        kept_order = [int(v) for v in cache._kept_in_order(cache.keys[0], T).flatten().tolist()]
+        alt = dg.alt_text(fig)
+        order = [slots.index(p) for p in kept_order]
+        assert alt.endswith("attention reads the slots in position order, " + ", ".join(map(str, order)) + "."), alt
+        drawn = [t.get_text() for t in texts(fig)]
+        assert f"slot {window - 1}" in drawn and "read in position order: slots " + ", ".join(map(str, order)) in drawn
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: dg.alibi_flow(L=13), "L must be at most"),
+    (lambda: dg.alibi_flow(H=4, heads=(4,)), "heads"),
+    (lambda: dg.alibi_flow(heads=3), "heads"),
+    (lambda: dg.rolling_cache_flow(window=9, T=12), "window"),
+    (lambda: dg.rolling_cache_flow(window=4, T=3), "window"),
+])
+def test_chapter_09_and_10_builders_refuse_what_they_cannot_draw(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
