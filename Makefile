@@ -41,7 +41,7 @@ PARALLEL := $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 # round differently from them, and from each other) on one thread (another summation order).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
 
-.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check nbgrader clean distclean sync execute test-newest-torch release
+.PHONY: help setup test test-other-cpu test-package test-chapters test-site book vendor student student-check nbgrader clean distclean sync execute test-newest-torch release readme
 
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
@@ -57,6 +57,7 @@ help:
 	@echo "             .venv-newest (Python 3.12 where there is one; a CUDA build, about 2.6 GB to download; not part of make test)"
 	@echo "make vendor  fetch MathJax and the ipywidgets scripts from npm into _vendor/ (make book does it)"
 	@echo "make sync    rewrite each chapter's first cell from _config.yml (after changing the repository URL)"
+	@echo "make readme  rewrite README.md's chapter table from the chapters' headers (tools/readme_table.py; --check in make test)"
 	@echo "make release VERSION=X.Y.Z   set the version, rewrite the first cells, commit and tag vX.Y.Z (RELEASING.md)"
 	@echo "make execute CHAPTER=chapters/02_simple_self_attention.ipynb   re-execute one chapter in place, and"
 	@echo "             check that its compared outputs are the same on the other numerical path"
@@ -119,6 +120,10 @@ student-check: setup
 
 sync: setup
 	$(PY) tools/sync_setup_cells.py
+
+# Plain python3, like `make student`: the table is made from the notebooks' JSON.
+readme:
+	$(PYTHON) tools/readme_table.py
 
 release: setup
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=X.Y.Z (see RELEASING.md)"; exit 2; }
