@@ -55,7 +55,6 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 # (rule, chapter stem) -> why the chapter fails it today. Strict xfail: delete the entry once fixed.
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
-        "01_why_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "05_multi_head_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "06_positional_encoding": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "07_character_translator": "no 'runs top to bottom in about N s on <machine>' in the header yet",
@@ -64,7 +63,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         "10_grouped_query_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
     },
     "prose_run_time": {
-        "01_why_attention": "header: 'runs in under a minute', the record is 127 s",
         "05_multi_head_attention": "header: 'runs in under a minute', the record is 105 s",
         "09_rotary_and_alibi": "header: 'runs in under a minute', the record is 91 s",
         "10_grouped_query_attention": "header: 'runs in under a minute', the record is 88 s",
@@ -74,7 +72,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         "10_grouped_query_attention": "cell 28 (exercise 1) also prints '0.50 GiB'",
     },
     "predict_answer": {
-        "01_why_attention": "cell 50's prediction (a decoder fed its own target) is answered in the open in cell 56",
         "07_character_translator": "cell 83's prediction (post-norm's final LayerNorm) is answered in the open in cell 87",
     },
     "torch_error_text": {
