@@ -13,7 +13,7 @@ import torch
 
 from .diagrams import WEIGHT_CMAP
 
-__all__ = ["plot_attention", "plot_attention_grid", "plot_mask"]
+__all__ = ["plot_attention", "plot_attention_grid", "plot_mask", "plot_query_row"]
 
 
 def _as_matrix(weights) -> "torch.Tensor":
@@ -197,4 +197,50 @@ def plot_mask(allowed, query_labels: Sequence[str] | None = None, key_labels: Se
     if colorbar:
         bar = fig.colorbar(image, ax=ax, ticks=[0.25, 0.75], fraction=0.046, pad=0.04)
         bar.ax.set_yticklabels(["blocked\n(False)", "may attend\n(True)"])
+    return fig
+
+
+def plot_query_row(allowed, weights, labels: Sequence[str], query: int, *, figsize=(8.0, 3.4)):
+    """One query's view of a mask: the mask with the query's row outlined, and that query's weights.
+
+    Left, the ``(T, T)`` mask in the course's mask colours (:func:`plot_mask`); right, a bar for each
+    key with the query's attention weight, a red × on every key the mask blocks, and a title that
+    lists the keys the query may see ("nothing (output = 0)" for a row with no allowed key).
+
+    Args:
+        allowed: ``(T, T)`` booleans, True = may attend.
+        weights: ``(T, T)`` attention weights computed with that mask.
+        labels: the ``T`` tokens (queries and keys are the same sequence).
+        query: the row to show, ``0 <= query < T``.
+        figsize: the figure's size in inches.
+
+    Returns:
+        The matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    mask = torch.as_tensor(allowed).detach().cpu()
+    w = _as_matrix(weights)
+    T = len(labels)
+    if tuple(mask.shape) != (T, T) or tuple(w.shape) != (T, T):
+        raise ValueError(f"allowed and weights must both be (T, T) = {(T, T)} for {T} labels, got "
+                         f"{tuple(mask.shape)} and {tuple(w.shape)}")
+    if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < T:
+        raise ValueError(f"query must be an int in 0..{T - 1}, got {query!r}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1, 1.3]})
+    plot_mask(mask, labels, labels, ax=left, colorbar=False, title="mask (blue = may attend, grey = blocked)")
+    left.title.set_fontsize(9)
+    left.add_patch(plt.Rectangle((-0.5, query - 0.5), T, 1, fill=False, edgecolor="tab:red", linewidth=2.5,
+                                zorder=3, clip_on=False))  # above the grid lines
+    right.bar(range(T), w[query].numpy(), color="tab:blue")
+    for key in range(T):
+        if not bool(mask[query, key]):
+            right.text(key, 0.02, "×", ha="center", fontsize=14, color="tab:red")
+    right.set_xticks(range(T), labels=list(labels), rotation=60)
+    right.set_ylim(0, 1)
+    right.set_ylabel("attention weight")
+    seen = [labels[key] for key in range(T) if bool(mask[query, key])]
+    right.set_title(f"query {query} '{labels[query]}' sees: {', '.join(seen) if seen else 'nothing (output = 0)'}",
+                    fontsize=9)
+    fig.subplots_adjust(wspace=0.35)
     return fig

@@ -50,3 +50,33 @@ def test_grid_shares_one_scale_and_one_colour_bar():
 def test_bad_vmax_is_refused(vmax):
     with pytest.raises(ValueError, match="vmax"):
         ac.plot_attention(torch.eye(2), vmax=vmax)
+
+
+def test_query_row_outlines_the_row_and_marks_the_blocked_keys():
+    words = ["<pad>", "<pad>", "a", "dog"]
+    allowed = ac.combine_masks(ac.causal_mask(4), padding=torch.tensor([[False, False, True, True]]))[0]
+    q = k = v = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    _, weights = ac.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    fig = ac.plotting.plot_query_row(allowed, weights, words, 3)
+    left, right = fig.axes
+    assert len(left.patches) == 1 and left.patches[0].get_y() == 2.5           # the row of query 3 is outlined
+    crosses = [t for t in right.texts if t.get_text() == "×"]
+    assert [round(t.get_position()[0]) for t in crosses] == [0, 1]            # the two padding keys are blocked
+    assert [round(b.get_height(), 4) for b in right.patches] == [round(float(w), 4) for w in weights[3]]
+    assert "sees: a, dog" in right.get_title()
+    plt.close(fig)
+    empty = ac.plotting.plot_query_row(allowed, weights, words, 0)             # a padding query at the front
+    assert "nothing (output = 0)" in empty.axes[1].get_title()
+    plt.close(empty)
+
+
+@pytest.mark.parametrize("query", [4, -1, 1.0, True])
+def test_query_row_refuses_a_query_outside_the_rows(query):
+    allowed = ac.causal_mask(4)
+    with pytest.raises(ValueError, match="query"):
+        ac.plotting.plot_query_row(allowed, allowed.float(), list("abcd"), query)
+
+
+def test_query_row_refuses_shapes_that_do_not_match_the_labels():
+    with pytest.raises(ValueError, match="labels"):
+        ac.plotting.plot_query_row(ac.causal_mask(4), torch.ones(4, 4), list("abc"), 0)
