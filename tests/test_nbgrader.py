@@ -49,6 +49,7 @@ WRONG = {
     "ch03": (2, "def softmax_jacobian(p):\n    return torch.diag(p)", "the term - p pᵀ is missing"),
 }
 STUB = {"ch02": 2, "ch03": 3}
+EXERCISES = {"ch02": 5, "ch03": 4}  # one autograded test cell and one point per exercise
 CHEAT = """\
 # Pass every check without answering: redefine the names, patch the modules.
 import attn_course.exercises as _package, attn_course.exercises.{module} as _module
@@ -227,7 +228,7 @@ def test_generate_assignment_accepts_every_chapter(course):
 def test_autograde_scores_right_wrong_stub_and_cheat(course, assignment):
     root, results = course
     tests = _test_ids(root, assignment)
-    assert len(tests) == 4 and sum(tests.values()) == 4, tests
+    assert len(tests) == EXERCISES[assignment] and sum(tests.values()) == EXERCISES[assignment], tests
     for student in ("alice", "bob", "mallory"):
         assert results[f"{assignment}/{student}"]["success"], results[f"{assignment}/{student}"]
     assert _scores(root, assignment, "alice") == tests, "every answer right: full marks"
