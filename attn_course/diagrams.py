@@ -892,7 +892,7 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
                 d.arrow((trunk, y_x), (trunk + 0.15, ty), via=[(trunk, ty)], head=False)
                 node = d.op((trunk + 0.15 + 0.35, ty), "@ " + w_name)
                 d.arrow((trunk + 0.15, ty), node.left)
-                d.arrow(node.right, (target.x0 - (0.75 if rotary else 0), ty))
+                d.arrow(node.right, (target.x0 - (0.75 if rotary and target is not v else 0), ty))  # V is not rotated
             steps.insert(0, f"the input {lab('X')} {shp.alt(*lead[:1 if batch else 0], 'L', 'E')} is multiplied by "
                             f"W_Q, W_K and W_V into queries {lab('Q')} {shp.alt(*lead, 'L', 'D')}, keys {lab('K')} "
                             f"{shp.alt(*lead, 'S', 'D')} and values {lab('V')} {shp.alt(*lead, 'S', 'Dv')}")

@@ -510,3 +510,13 @@ def test_rolling_cache_flow_puts_each_position_in_the_slot_of_the_package_cache(
 def test_chapter_09_and_10_builders_refuse_what_they_cannot_draw(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_rotary_attention_flow_joins_w_v_to_the_values():
+    """With rotary=True the arrows of W_Q and W_K stop at their "rotate" boxes; W_V's reaches V itself."""
+    fig = dg.attention_flow(L=6, D=8, E=16, rotary=True)
+    v_block = next(p for p in patches(fig, "block:value"))
+    v_left = (v_block.get_x(), v_block.get_y() + v_block.get_height() / 2)  # the middle of V's left side, inches
+    ends = [tuple(p._path_original.vertices[-1]) for p in fig.findobj(matplotlib.patches.FancyArrowPatch)
+            if getattr(p, "_path_original", None) is not None]  # where each arrow was drawn to, in inches
+    assert any(np.allclose(end, v_left) for end in ends), (v_left, ends)
