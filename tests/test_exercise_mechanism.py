@@ -632,9 +632,6 @@ def _all_checks():
 PASTED_HINTS = {
     "ch05.check_split_heads", "ch05.check_merge_heads", "ch05.check_split_fused_qkv", "ch05.check_cross_attention",
     "ch06.check_sinusoidal_encoding", "ch06.check_encoding_dot_product",
-    "ch07.check_sample_next", "ch07.check_decoder_mask", "ch07.check_post_norm_decoder_layer",
-    "ch08.check_online_softmax_update", "ch08.check_attention_row_online", "ch08.check_merge_states",
-    "ch08.check_cache_attention_step",
 }
 
 

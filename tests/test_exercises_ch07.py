@@ -4,8 +4,14 @@ crashing answer (an "error" feedback, no traceback) and the untouched scaffold (
 import pytest
 import torch
 
+import math
+import unicodedata
+
+import numpy as np
+
+import attn_course.translator as tr
 from attn_course.exercises.ch07 import (
-    check_decoder_mask,
+    check_beam_search,
     check_french_noun_phrase,
     check_post_norm_decoder_layer,
     check_sample_next,
@@ -33,7 +39,7 @@ def noun_phrase_right(article, adjective, noun, gender):
         words = [form, noun] if adjective[2] == "before" else [noun, form]
     if article == "a":
         return " ".join(["un" if gender == "m" else "une"] + words)
-    if words[0][0] in "aeiouéèêîôh":
+    if words[0][0] in "aeiouàâéèêëîïôûùüœh":
         return "l'" + " ".join(words)
     return " ".join(["le" if gender == "m" else "la"] + words)
 
@@ -94,16 +100,66 @@ def noun_phrase_right_with_a_set(article, adjective, noun, gender):
     if article == "a":
         return ("une " if gender == "f" else "un ") + " ".join(words)
     first = words[0][0]
-    if first in set("aeiouyh") | set("àâéèêëîïôûùü"):
+    if first in set("aeiouh") | set("àâäéèêëîïôöûùüœæ"):
         return "l'" + " ".join(words)
     return ("la " if gender == "f" else "le ") + " ".join(words)
+
+
+def noun_phrase_right_by_unicode(article, adjective, noun, gender):
+    """A correct alternative: strip the accent with unicodedata, and the ligature by hand."""
+    words = [noun]
+    if adjective is not None:
+        form = adjective[0] if gender == "m" else adjective[1]
+        words = [form, noun] if adjective[2] == "before" else [noun, form]
+    if article == "a":
+        return ("un " if gender == "m" else "une ") + " ".join(words)
+    base = unicodedata.normalize("NFD", words[0])[0]
+    return ("l'" if base in "aeiouh" or base in "œæ" else ("le " if gender == "m" else "la ")) + " ".join(words)
+
+
+def noun_phrase_vowels_of_the_tests(article, adjective, noun, gender):
+    """The review's accepted answer: only the accents that the old check tried (é, î)."""
+    text = french_noun_phrase(article, adjective, noun, gender)
+    if text.startswith("l'") and text[2] not in "aeiouhéî":
+        return ("le " if gender == "m" else "la ") + text[2:]
+    return text
+
+
+def noun_phrase_elides_before_y(article, adjective, noun, gender):
+    text = french_noun_phrase(article, adjective, noun, gender)
+    return "l'" + text[3:] if text.startswith("le y") else text
+
+
+def noun_phrase_unicode_without_ligature(article, adjective, noun, gender):
+    """Strips accents with unicodedata but forgets that œ is a vowel."""
+    text = french_noun_phrase(article, adjective, noun, gender)
+    return "le " + text[2:] if text.startswith("l'œ") else text
+
+
+def noun_phrase_feminine_adds_e(article, adjective, noun, gender):
+    if adjective is not None and gender == "f":
+        adjective = (adjective[0], adjective[0] + "e", adjective[2])
+    return french_noun_phrase(article, adjective, noun, gender)
+
+
+def noun_phrase_elision_by_the_noun(article, adjective, noun, gender):
+    """Decides the elision by the noun, not by the word right after the article."""
+    text = french_noun_phrase(article, None, noun, gender)
+    if adjective is None:
+        return text
+    form = adjective[0] if gender == "m" else adjective[1]
+    words = [form, noun] if adjective[2] == "before" else [noun, form]
+    if article == "a":
+        return text.split(" ")[0] + " " + " ".join(words)
+    return ("l'" if text.startswith("l'") else text.split(" ")[0] + " ") + " ".join(words)
 
 
 def test_noun_phrase_right():
     feedback = check_french_noun_phrase(noun_phrase_right)
     assert feedback and feedback.status == "correct", str(feedback)
-    assert "new nouns" in feedback.message
-    assert check_french_noun_phrase(noun_phrase_right_with_a_set).status == "correct"
+    assert "new nouns" in feedback.message and "mute h" in feedback.message
+    for answer in (noun_phrase_right_with_a_set, noun_phrase_right_by_unicode):
+        assert check_french_noun_phrase(answer).status == "correct", str(check_french_noun_phrase(answer))
 
 
 @pytest.mark.parametrize(
@@ -117,6 +173,11 @@ def test_noun_phrase_right():
         (noun_phrase_only_known_vowels, "île"),
         (noun_phrase_no_elision_before_h, "homme"),
         (noun_phrase_always_une, "gender"),
+        (noun_phrase_vowels_of_the_tests, "accented vowel"),
+        (noun_phrase_elides_before_y, "A y is a consonant"),
+        (noun_phrase_unicode_without_ligature, "œ"),
+        (noun_phrase_feminine_adds_e, "feminine"),
+        (noun_phrase_elision_by_the_noun, "no elision"),
     ],
 )
 def test_noun_phrase_wrong(answer, words):
@@ -196,10 +257,59 @@ def sample_right_via_log_softmax(logits, temperature, generator):
     return torch.multinomial(probabilities, num_samples=1, generator=generator)[:, 0]
 
 
+def sample_right_gumbel(logits, temperature, generator):
+    """A correct alternative: the Gumbel-max trick draws from the same distribution."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
+    return (logits.double() / temperature - torch.log(-torch.log(uniform))).argmax(dim=-1)
+
+
+def sample_right_numpy_temperature(logits, temperature, generator):
+    """A correct answer called with a numpy temperature works too."""
+    return sample_right(logits, np.float64(temperature), generator)
+
+
+def sample_unstable(logits, temperature, generator):
+    """exp of the logits without the max shift: inf for logits near 100."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    e = torch.exp(logits / temperature)
+    return torch.multinomial(e / e.sum(-1, keepdim=True), 1, generator=generator).squeeze(1)
+
+
+def sample_first_row_only(logits, temperature, generator):
+    """Samples every row from the first row's distribution."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    p = torch.softmax(logits[:1] / temperature, dim=-1).expand(logits.size(0), -1)
+    return torch.multinomial(p, 1, generator=generator).squeeze(1)
+
+
+def sample_hard_coded_two_rows(logits, temperature, generator):
+    if temperature == 0:
+        return torch.stack([logits[0].argmax(), logits[1].argmax()])
+    return sample_right(logits, temperature, generator)
+
+
+def sample_in_place(logits, temperature, generator):
+    logits.sub_(logits.amax(dim=-1, keepdim=True))  # shifted in place: the caller's logits change
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator).squeeze(1)
+
+
+def sample_global_generator(logits, temperature, generator):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    torch.manual_seed(0)
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)
+
+
 def test_sample_right():
-    feedback = check_sample_next(sample_right)
-    assert feedback.status == "correct", str(feedback)
-    assert check_sample_next(sample_right_via_log_softmax).status == "correct"
+    for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature):
+        feedback = check_sample_next(answer)
+        assert feedback.status == "correct", str(feedback)
 
 
 def test_sample_crash_and_scaffold():
@@ -207,51 +317,210 @@ def test_sample_crash_and_scaffold():
     assert check_sample_next(scaffold).status == "not attempted"
 
 
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (sample_no_temperature, "divide the logits by the temperature"),
+        (sample_ignores_generator, "generator"),
+        (sample_always_greedy, "Every sample is the same id"),
+        (sample_wrong_shape, "shape"),
+        (sample_floats, "integer"),
+        (sample_multiplies_by_temperature, "multiplied by the temperature"),
+        (sample_softmax_over_the_batch, "frequencies"),
+        (sample_argmax_over_the_batch, "over the batch"),
+        (sample_first_row_only, "each row is its own distribution"),
+        (sample_in_place, "in place"),
+    ],
+)
+def test_wrong_samplers_are_told_what_is_wrong(answer, words):
+    feedback = check_sample_next(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert words in feedback.message, feedback.message
+
+
+def test_a_sampler_for_two_rows_only_crashes_on_one_row_and_says_where():
+    feedback = check_sample_next(sample_hard_coded_two_rows)
+    assert feedback.status == "error" and "(1, 5)" in feedback.message, str(feedback)
+
+
+def test_unstable_and_global_seed_samplers_fail():
+    unstable = check_sample_next(sample_unstable)
+    assert unstable.status in ("incorrect", "error") and ("inf" in unstable.message or "nan" in unstable.message.lower())
+    seeded = check_sample_next(sample_global_generator)  # the same samples every call, but not from `generator`
+    assert seeded.status == "incorrect" and "seeded differently" in seeded.message, str(seeded)
+
+
 # --------------------------------------------------------------------------- exercise 3
 
-def mask_right(T):
-    return torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+def beam_right(next_log_probs, beam_width, max_len, start_id, end_id):
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        alive = [b for b in beams if b[0][-1] != end_id]
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))  # (N, V)
+        candidates = [b for b in beams if b[0][-1] == end_id]
+        for (ids, score), row in zip(alive, log_probs):
+            candidates += [(ids + [token], score + float(row[token])) for token in range(row.numel())]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+    return beams[0][0][1:]
+
+
+def beam_right_with_tensors(next_log_probs, beam_width, max_len, start_id, end_id):
+    """A correct alternative: one topk over the flattened (prefix, token) scores, finished kept aside,
+    the result a tensor."""
+    finished = []  # (score, ids)
+    alive = [(0.0, [start_id])]
+    for _ in range(max_len):
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for _, ids in alive]))  # (N, V)
+        totals = torch.tensor([s for s, _ in alive], dtype=torch.float64)[:, None] + log_probs.double()  # (N, V)
+        values, flat = totals.flatten().topk(min(beam_width, totals.numel()))
+        pool = finished + [(float(v), alive[int(i) // totals.size(1)][1] + [int(i) % totals.size(1)])
+                           for v, i in zip(values, flat)]
+        pool = sorted(pool, key=lambda c: -c[0])[:beam_width]
+        finished = [c for c in pool if c[1][-1] == end_id]
+        alive = [c for c in pool if c[1][-1] != end_id]
+        if finished and (not alive or finished[0][0] >= alive[0][0]):
+            break
+    best = max(finished + alive, key=lambda c: c[0])
+    return torch.tensor(best[1][1:])
+
+
+def beam_greedy(next_log_probs, beam_width, max_len, start_id, end_id):
+    return beam_right(next_log_probs, 1, max_len, start_id, end_id)
+
+
+def beam_last_token_score(next_log_probs, beam_width, max_len, start_id, end_id):
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        alive = [b for b in beams if b[0][-1] != end_id]
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))
+        candidates = [b for b in beams if b[0][-1] == end_id]
+        for (ids, _), row in zip(alive, log_probs):
+            candidates += [(ids + [token], float(row[token])) for token in range(row.numel())]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+    return beams[0][0][1:]
+
+
+def beam_length_normalised(next_log_probs, beam_width, max_len, start_id, end_id):
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        alive = [b for b in beams if b[0][-1] != end_id]
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))
+        candidates = [b for b in beams if b[0][-1] == end_id]
+        for (ids, score), row in zip(alive, log_probs):
+            candidates += [(ids + [token], score + float(row[token])) for token in range(row.numel())]
+        beams = sorted(candidates, key=lambda b: -b[1] / (len(b[0]) - 1))[:beam_width]
+    return beams[0][0][1:]
+
+
+def beam_first_finished(next_log_probs, beam_width, max_len, start_id, end_id):
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in beams]))
+        candidates = []
+        for (ids, score), row in zip(beams, log_probs):
+            candidates += [(ids + [token], score + float(row[token])) for token in range(row.numel())]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+        for ids, _ in beams:
+            if ids[-1] == end_id:
+                return ids[1:]
+    return beams[0][0][1:]
+
+
+def beam_extends_finished(next_log_probs, beam_width, max_len, start_id, end_id):
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in beams]))
+        candidates = []
+        for (ids, score), row in zip(beams, log_probs):
+            candidates += [(ids + [token], score + float(row[token])) for token in range(row.numel())]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+    return beams[0][0][1:]
+
+
+def beam_keeps_start(next_log_probs, beam_width, max_len, start_id, end_id):
+    return [start_id] + beam_right(next_log_probs, beam_width, max_len, start_id, end_id)
+
+
+def beam_hard_coded_ids(next_log_probs, beam_width, max_len, start_id, end_id):
+    return beam_right(next_log_probs, beam_width, max_len, 1, 2)
+
+
+def beam_width_two(next_log_probs, beam_width, max_len, start_id, end_id):
+    return beam_right(next_log_probs, 2, max_len, start_id, end_id)
+
+
+def beam_package(next_log_probs, beam_width, max_len, start_id, end_id):
+    return tr.beam_search(next_log_probs, beam_width, max_len, start_id=start_id, end_id=end_id)
+
+
+def beam_without_start_in_prefixes(next_log_probs, beam_width, max_len, start_id, end_id):
+    beams = [([], 0.0)]
+    for _ in range(max_len):
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in beams]))
+        beams = [(ids + [int(row.argmax())], 0.0) for (ids, _), row in zip(beams, log_probs)]
+    return beams[0][0]
+
+
+def test_beam_right_answers():
+    for answer in (beam_right, beam_right_with_tensors, lambda *a: (beam_right(*a), 0.0)):
+        feedback = check_beam_search(answer)
+        assert feedback.status == "correct", str(feedback)
 
 
 @pytest.mark.parametrize(
-    "check, answer, words",
+    "answer, words",
     [
-        (check_sample_next, sample_no_temperature, "divide the logits by the temperature"),
-        (check_sample_next, sample_ignores_generator, "generator"),
-        (check_sample_next, sample_always_greedy, "frequencies"),
-        (check_sample_next, sample_wrong_shape, "shape"),
-        (check_sample_next, sample_floats, "integer"),
-        (check_sample_next, sample_multiplies_by_temperature, "frequencies"),
-        (check_sample_next, sample_softmax_over_the_batch, "frequencies"),
-        (check_sample_next, sample_argmax_over_the_batch, "shape"),
-        (check_decoder_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril(), "IS allowed"),
-        (check_decoder_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril(-1), "blocks the past"),
-        (check_decoder_mask, lambda T: torch.ones(T, T).triu(1), "bool"),
-        (check_decoder_mask, lambda T: torch.ones(T, T, dtype=torch.bool).triu(1)[:, :-1], "shape"),
-        (check_decoder_mask, lambda T: torch.zeros(T, T, dtype=torch.bool), "should be"),
-        (check_decoder_mask, lambda T: torch.ones(T, T, dtype=torch.bool).triu(0), "diagonal"),  # blocks itself too
-        (check_decoder_mask, lambda T: torch.full((T, T), float("-inf")).triu(1), "bool"),  # an additive float mask
+        (beam_greedy, "greedy decoding's answer"),
+        (beam_last_token_score, "last token only"),
+        (beam_length_normalised, "divided each score by the length"),
+        (beam_first_finished, "first sequence that ended"),
+        (beam_keeps_start, "leave the start symbol out"),
+        (beam_width_two, "beam_width=2 only"),
+        (beam_package, "you called"),
     ],
 )
-def test_wrong_samplers_and_masks_are_told_what_is_wrong(check, answer, words):
-    feedback = check(answer)
+def test_beam_wrong_answers_are_told_what_is_wrong(answer, words):
+    feedback = check_beam_search(answer)
     assert feedback.status == "incorrect", str(feedback)
-    assert words in feedback.message
+    assert words in feedback.message, feedback.message
 
 
-def test_mask_right_crash_and_scaffold():
-    assert check_decoder_mask(mask_right).status == "correct"
-    assert check_decoder_mask(crashing).status == "error"
-    assert check_decoder_mask(scaffold).status == "not attempted"
+def test_beam_answers_that_misuse_next_log_probs_are_told_why():
+    extends = check_beam_search(beam_extends_finished)
+    assert extends.status == "error" and "already ended" in extends.message
+    no_start = check_beam_search(beam_without_start_in_prefixes)
+    assert no_start.status == "error" and "start with the start symbol" in no_start.message
+    hard_coded = check_beam_search(beam_hard_coded_ids)  # start_id = 1 everywhere: the tables with 0 say so
+    assert hard_coded.status == "error" and "start symbol 0" in hard_coded.message
 
 
-def test_mask_alternative_formulation():
-    def mask_by_comparison(T):
-        positions = torch.arange(T)
-        return positions[None, :] > positions[:, None]  # key after query: blocked
+def test_beam_crash_and_scaffold():
+    assert check_beam_search(crashing).status == "error"
+    assert check_beam_search(scaffold).status == "not attempted"
 
-    assert check_decoder_mask(mask_by_comparison).status == "correct"
 
+def test_the_checks_reference_is_the_packages_beam_search():
+    from attn_course.exercises.ch07 import _beam_cases, _variant
+
+    for description, model, width, max_len in _beam_cases():
+        want = tr.beam_search(model, width, max_len, start_id=model.start_id, end_id=model.end_id)
+        assert _variant(model, width, max_len) == want, description
+    # The hand-made traps do what their names say.
+    cases = {d: (m, w, n) for d, m, w, n in _beam_cases()}
+    model, width, max_len = cases["a case where greedy decoding goes wrong"]
+    assert _variant(model, width, max_len) != _variant(model, width, max_len, greedy=True)
+    model, width, max_len = cases["a case where a worse sequence ends first"]
+    assert _variant(model, width, max_len) != _variant(model, width, max_len, first_finished=True)
+    model, width, max_len = cases["a case where ending at once is best"]
+    assert _variant(model, width, max_len) == [model.end_id]
 
 # --------------------------------------------------------------------------- exercise 4
 
@@ -327,6 +596,23 @@ def post_norm_identity(layer, x, memory, memory_padding):
     return x
 
 
+def post_norm_query_from_input(layer, x, memory, memory_padding):
+    h = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0])
+    h = layer.norm2(h + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return layer.norm3(h + layer.feed_forward(h))
+
+
+def post_norm_hard_coded_sizes(layer, x, memory, memory_padding):
+    return post_norm_right(layer, x, memory, memory_padding).reshape(2, 6, 16)
+
+
+def post_norm_in_place(layer, x, memory, memory_padding):
+    x += layer.self_attn(x, x, x, is_causal=True)[0]
+    x = layer.norm1(x)
+    x = layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return layer.norm3(x + layer.feed_forward(x))
+
+
 def test_post_norm_right_answers():
     for answer in (post_norm_right, post_norm_right_with_a_mask):
         feedback = check_post_norm_decoder_layer(answer)
@@ -339,11 +625,13 @@ def test_post_norm_right_answers():
         (post_norm_is_pre_norm, "pre-norm"),
         (post_norm_no_causal, "future"),
         (post_norm_ignores_padding, "padding"),
-        (post_norm_padding_other_convention, "post-norm layer's"),
+        (post_norm_padding_other_convention, "inverted"),
+        (post_norm_query_from_input, "queries come from the layer's input"),
+        (post_norm_in_place, "in place"),
         (post_norm_cross_to_itself, "memory"),
         (post_norm_no_residual, "residual"),
         (post_norm_norms_swapped, "swapped"),
-        (post_norm_forgets_the_ffn, "post-norm layer's"),
+        (post_norm_forgets_the_ffn, "values differ"),
         (post_norm_returns_the_tuple, "tuple"),
         (post_norm_identity, "input"),
     ],
@@ -352,6 +640,11 @@ def test_post_norm_wrong_answers_are_told_what_is_wrong(answer, words):
     feedback = check_post_norm_decoder_layer(answer)
     assert feedback.status == "incorrect", str(feedback)
     assert words in feedback.message, feedback.message
+
+
+def test_post_norm_for_the_notebooks_sizes_only_crashes_and_says_where():
+    feedback = check_post_norm_decoder_layer(post_norm_hard_coded_sizes)
+    assert feedback.status == "error" and "(3, 4, 12)" in feedback.message, str(feedback)
 
 
 def test_post_norm_crash_and_scaffold():

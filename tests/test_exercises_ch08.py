@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import attn_course as ac
+import numpy as np
+
 from attn_course.exercises.ch08 import (
-    check_attention_row_online,
+    check_causal_tile_attention,
     check_cache_attention_step,
     check_kv_cache_bytes,
     check_merge_states,
@@ -33,17 +35,36 @@ def update(running_max, running_sum, block, rescale=True, axis=-1, global_max=Fa
     return new_max, old + torch.exp(block - new_max[:, None]).sum(dim=-1)
 
 
-def attention_row(query, keys, values, block_size, scale=True, normalise=True):
-    row_max, row_sum = torch.tensor(float("-inf"), dtype=query.dtype), torch.tensor(0.0, dtype=query.dtype)
-    acc = torch.zeros(values.size(-1), dtype=query.dtype)
-    for start in range(0, keys.size(0), block_size):
-        scores = keys[start:start + block_size] @ query / (math.sqrt(query.size(0)) if scale else 1.0)
-        new_max = torch.maximum(row_max, scores.max())
-        correction, probs = torch.exp(row_max - new_max), torch.exp(scores - new_max)
-        row_sum = row_sum * correction + probs.sum()
-        acc = acc * correction + probs @ values[start:start + block_size]
-        row_max = new_max
-    return acc / row_sum if normalise else acc
+def causal_tile(query_tile, keys, values, first_query, block_size, mask=True, skip=True, strict=False,
+                from_zero=False, scale=True, normalise=True, stable=True):
+    Lb, D = query_tile.shape
+    m = torch.full((Lb, 1), float("-inf"), dtype=query_tile.dtype)  # (Lb, 1)
+    l = torch.zeros(Lb, 1, dtype=query_tile.dtype)
+    acc = torch.zeros(Lb, values.size(1), dtype=query_tile.dtype)  # (Lb, Dv)
+    positions = first_query + torch.arange(Lb)[:, None] - (first_query if from_zero else 0)  # (Lb, 1)
+    last = first_query + Lb - 1
+    tiles = 0
+    for k_start in range(0, keys.size(0), block_size):
+        if skip and k_start > last:
+            break
+        tiles += 1
+        scores = query_tile @ keys[k_start:k_start + block_size].T / (math.sqrt(D) if scale else 1.0)  # (Lb, Sb)
+        key_positions = k_start + torch.arange(scores.size(1))[None, :]
+        if mask:
+            blocked = key_positions >= positions if strict else key_positions > positions
+            scores = scores.masked_fill(blocked, float("-inf"))
+        if stable:
+            m_new = torch.maximum(m, scores.amax(dim=1, keepdim=True))
+            p = torch.exp(scores - m_new)
+            correction = torch.exp(m - m_new)
+            l = l * correction + p.sum(dim=1, keepdim=True)
+            acc = acc * correction + p @ values[k_start:k_start + block_size]
+            m = m_new
+        else:
+            p = torch.exp(scores)
+            l = l + p.sum(dim=1, keepdim=True)
+            acc = acc + p @ values[k_start:k_start + block_size]
+    return (acc / l if normalise else acc), tiles
 
 
 def merge(state_a, state_b, rescale_l=True, rescale_acc=True, global_max=False, guard=True):
@@ -112,7 +133,7 @@ def cache_step_by_hand(query, key, value, cache_keys, cache_values, length):
 
 
 def test_right_answers_pass():
-    for feedback in (check_online_softmax_update(update), check_attention_row_online(attention_row),
+    for feedback in (check_online_softmax_update(update), check_causal_tile_attention(causal_tile),
                      check_merge_states(merge), check_kv_cache_bytes(kv_cache_bytes, GPT2_TOKENS),
                      check_cache_attention_step(cache_attention_step)):
         assert feedback.status == "correct", str(feedback)
@@ -126,11 +147,47 @@ def test_other_right_answers_pass():
     assert check_kv_cache_bytes(kv_cache_bytes, round(GPT2_TOKENS))  # rounded to a whole token
     assert check_kv_cache_bytes(kv_cache_bytes, int(GPT2_TOKENS))
     assert check_kv_cache_bytes(lambda *a: torch.tensor(kv_cache_bytes(*a)), torch.tensor(GPT2_TOKENS))
+    for near in (1.86e6, 1.864e6, np.float64(GPT2_TOKENS), np.int64(round(GPT2_TOKENS))):  # "the order of magnitude"
+        assert check_kv_cache_bytes(kv_cache_bytes, near), near
+    assert check_kv_cache_bytes(lambda *a: np.prod(a) * 2, GPT2_TOKENS)  # numpy arithmetic on numpy integers
 
 
 def test_float32_answers_pass():
     assert check_online_softmax_update(lambda m, s, b: tuple(t.double() for t in update(m.float(), s.float(), b.float())))
-    assert check_attention_row_online(lambda q, k, v, n: attention_row(q.float(), k.float(), v.float(), n))
+    assert check_causal_tile_attention(lambda q, k, v, f, n: (causal_tile(q.float(), k.float(), v.float(), f, n)[0],
+                                                              np.int64(causal_tile(q, k, v, f, n)[1])))
+
+
+def update_logsumexp(running_max, running_sum, block):
+    """Another right answer: through the log of the sum, with torch.logaddexp."""
+    new_max = torch.maximum(running_max, block.amax(dim=-1))
+    safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+    log_old = torch.log(running_sum) + running_max - safe
+    log_new = torch.logsumexp(block - safe[:, None], dim=-1)
+    return new_max, torch.exp(torch.logaddexp(log_old, log_new))
+
+
+def causal_tile_by_ceil(query_tile, keys, values, first_query, block_size):
+    """Another right answer: the number of tiles computed first, a tensor count, the mask built with where."""
+    Lb, D = query_tile.shape
+    count = min(-(-(first_query + Lb) // block_size), -(-keys.size(0) // block_size))
+    state = [torch.full((Lb,), float("-inf"), dtype=query_tile.dtype), torch.zeros(Lb, dtype=query_tile.dtype),
+             torch.zeros(Lb, values.size(1), dtype=query_tile.dtype)]
+    for tile in range(count):
+        ks = slice(tile * block_size, (tile + 1) * block_size)
+        s = torch.einsum("qd,kd->qk", query_tile, keys[ks]) / D ** 0.5
+        visible = torch.arange(ks.start, ks.start + s.size(1))[None, :] <= first_query + torch.arange(Lb)[:, None]
+        s = torch.where(visible, s, torch.tensor(float("-inf"), dtype=s.dtype))
+        m = torch.maximum(state[0], s.max(dim=1).values)
+        c = torch.exp(state[0] - m)
+        p = torch.exp(s - m[:, None])
+        state = [m, state[1] * c + p.sum(1), state[2] * c[:, None] + p @ values[ks]]
+    return state[2] / state[1][:, None], torch.tensor(count)
+
+
+def test_other_right_answers_pass_for_exercises_1_and_2():
+    assert check_online_softmax_update(update_logsumexp), str(check_online_softmax_update(update_logsumexp))
+    assert check_causal_tile_attention(causal_tile_by_ceil), str(check_causal_tile_attention(causal_tile_by_ceil))
 
 
 def test_the_question_is_part_of_exercise_3():
@@ -152,10 +209,27 @@ def test_the_question_is_part_of_exercise_3():
         (check_online_softmax_update, lambda m, s, b: (b.amax(dim=-1), s), "new_max"),
         (check_online_softmax_update, lambda m, s, b: update(m, s, b)[0], "return a pair"),
         (check_online_softmax_update, lambda m, s, b: (update(m, s, b)[0], torch.exp(b).sum(-1)), "new_sum"),
-        (check_attention_row_online, lambda q, k, v, n: attention_row(q, k, v, n, scale=False), "1/sqrt(D)"),
-        (check_attention_row_online, lambda q, k, v, n: attention_row(q, k, v, n, normalise=False), "not divided by the running sum"),
-        (check_attention_row_online, lambda q, k, v, n: attention_row(q, k[:n], v[:n], n), "block_size=4"),
-        (check_attention_row_online, lambda q, k, v, n: v.mean(0)[:2], "expected shape (3,)"),
+        (check_online_softmax_update, lambda m, s, b: (torch.maximum(m, b.amax(-1)),
+                                                       (s * torch.exp(m) + torch.exp(b).sum(-1)) * torch.exp(-torch.maximum(m, b.amax(-1)))),
+         "overflows float32"),  # the review's accepted answer: right in exact arithmetic, inf near 100
+        (check_online_softmax_update, lambda m, s, b: (torch.maximum(m, b.amax(-1)),
+                                                       s * torch.exp(torch.maximum(m, b.amax(-1)) - m)
+                                                       + torch.exp(b - torch.maximum(m, b.amax(-1))[:, None]).sum(-1)),
+         "the other way"),
+        (check_online_softmax_update, lambda m, s, b: (lambda n: (n, s * torch.exp(m - n) + torch.softmax(b, -1).sum(-1)))(
+            torch.maximum(m, b.amax(-1))), "torch.softmax"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, mask=False), "every query sees every key"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, mask=False, skip=False), "every query sees every key"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, strict=True), "hides its own key"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, from_zero=True), "counts the queries' positions from 0"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, scale=False), "sqrt(D)"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, normalise=False), "not divided by the running sum"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, skip=False), "skip them"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, stable=False), "overflows float32"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n)[0], "return a pair"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: (causal_tile(q, k, v, f, n)[0], 1.0 * causal_tile(q, k, v, f, n)[1]), "integer"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: (torch.nn.functional.scaled_dot_product_attention(
+            q[None], k[None], v[None], is_causal=True)[0], 1), "you called"),
         # exercise 2: no rescaling, l only, the mean of the outputs, a global maximum, NaN for empty rows
         (check_merge_states, lambda a, b: merge(a, b, rescale_l=False, rescale_acc=False), "as they are"),
         (check_merge_states, lambda a, b: merge(a, b, rescale_acc=False), "but not the accumulators"),
@@ -189,8 +263,9 @@ def test_wrong_answers_are_explained(check, answer, text):
         (2 * GPT2_TOKENS, "twice the answer"),
         (12 * GPT2_TOKENS, "all 12 layers"),
         (GPT2_TOKENS / 12, "all 12 layers"),
-        (GPT2_TOKENS + 5, "divide 64 GiB"),
-        ("1.9 million", "expected a number of tokens"),
+        (GPT2_TOKENS * 1.02, "divide 64 GiB"),
+        (GPT2_TOKENS / 1000, "divide 64 GiB"),
+        ("1.9 million", "return a number"),
     ],
 )
 def test_wrong_answers_to_the_question_are_explained(tokens, text):
@@ -219,6 +294,20 @@ def test_wrong_cache_steps_are_explained(options, text):
     assert "Hint:" in str(feedback)
 
 
+def test_cache_steps_for_the_notebooks_sizes_only_fail_at_other_sizes():
+    def three_heads(q, k, v, ck, cv, n):  # reshapes as if H = 3 and D = 8 always
+        out = cache_attention_step(q, k, v, ck, cv, n)
+        return out.reshape(out.size(0), 3, -1, 8)
+
+    def float64_buffers_only(q, k, v, ck, cv, n):  # writes through a float64 copy: the float32 buffers stay empty
+        return cache_attention_step(q, k, v, ck.double(), cv.double(), n).to(q.dtype)
+
+    feedback = check_cache_attention_step(three_heads)
+    assert feedback.status == "error" and "q of shape (1, 1, 1, 4)" in feedback.message, str(feedback)
+    feedback = check_cache_attention_step(float64_buffers_only)  # fails on the float32 run, where dtypes differ
+    assert feedback.status == "error" and "(1, 1, 9, 4)" in feedback.message, str(feedback)
+
+
 def test_more_wrong_cache_steps():
     def swapped(q, k, v, ck, cv, n):  # keys into the value buffer
         return cache_attention_step(q, v, k, ck, cv, n)
@@ -241,7 +330,7 @@ def test_a_maximum_over_the_wrong_axis_is_not_accepted():
     assert feedback.status == "error" and "RuntimeError" in feedback.message
 
 
-@pytest.mark.parametrize("check", [check_online_softmax_update, check_attention_row_online, check_merge_states,
+@pytest.mark.parametrize("check", [check_online_softmax_update, check_causal_tile_attention, check_merge_states,
                                    check_kv_cache_bytes, check_cache_attention_step])
 def test_crashing_and_untouched_answers(check):
     crashed = check(lambda *args: 1 / 0)

@@ -115,7 +115,7 @@ def test_attention_grid_scales_to_a_quantile_and_leaves_the_trivial_row_out():
     assert len(fig.axes) == 2 * 3 + 1
     top = fig.axes[0].images[0].get_clim()[1]
     assert top == pytest.approx(float(maps[:, :, 1:].max()))
-    assert "left out" in fig.axes[-1].get_ylabel()
+    assert "row 1 left out" in fig.axes[-1].get_ylabel()
     fig = tr.attention_grid(maps, symbols, symbols, "test")
     assert fig.axes[0].images[0].get_clim()[1] == pytest.approx(float(torch.quantile(maps.flatten(), 0.99)))
     with pytest.raises(ValueError, match="query symbols"):

@@ -1,23 +1,40 @@
-"""Checks for the exercises of chapter 07, the character-level translator."""
+"""Checks for the exercises of chapter 07, the character-level translator.
+
+Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and
+names the mistake when it recognises one; the table of those mistakes is in
+tests/test_exercises_ch07.py. They use the shared mechanism of ``attn_course.exercises``: inputs
+watched for changes in place, results' kind of dtype and device, sizes unlike the notebook's
+(``other_sizes``), left padding (``padding_cases``) and logits near 100 in float32
+(``large_scores``); the package's own answers are forbidden where the exercise asks for them.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ..transformer import DecoderLayer
-from ..translator import DEFAULT_LEXICON, french_noun_phrase
-from . import Mismatch, call, exercise, expect, expect_tensor
+from ..translator import DEFAULT_LEXICON, beam_search, beam_translate, french_noun_phrase
+from . import (Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, forbidden, large_scores,
+               other_sizes, padding_cases, randn, rng)
 
-__all__ = ["check_french_noun_phrase", "check_sample_next", "check_decoder_mask", "check_post_norm_decoder_layer"]
+__all__ = ["check_french_noun_phrase", "check_sample_next", "check_beam_search", "check_post_norm_decoder_layer"]
 
-# New nouns that the student's rules must handle too: one vowel-initial of each gender.
-NEW_NOUNS = {"island": ("île", "f"), "computer": ("ordinateur", "m"), "mouse": ("souris", "f")}
+# New nouns that the student's rules must handle too, one for each way of starting a word: a vowel of each
+# accent that French writes at the start of a word (île, âne, ère, être), the ligature œ (œuf), a mute h with
+# an accent (hôtel), a y, which is a consonant (le yaourt), and plain consonants.
+NEW_NOUNS = {
+    "island": ("île", "f"), "donkey": ("âne", "m"), "era": ("ère", "f"), "being": ("être", "m"),
+    "egg": ("œuf", "m"), "hotel": ("hôtel", "m"), "yogurt": ("yaourt", "m"), "computer": ("ordinateur", "m"),
+    "mouse": ("souris", "f"),
+}
 
 
 def _cases():
     """(description, arguments) in the order of the phenomena, so that the first failure names the rule."""
     adjectives = DEFAULT_LEXICON.adjectives
-    chat, voiture, arbre, ecole = ("chat", "m"), ("voiture", "f"), ("arbre", "m"), ("école", "f")
+    chat, voiture, arbre, ecole, homme = ("chat", "m"), ("voiture", "f"), ("arbre", "m"), ("école", "f"), ("homme", "m")
     yield "the article agrees with the noun's gender", ("the", None, *chat)
     yield "the article agrees with the noun's gender", ("the", None, *voiture)
     yield "the indefinite article agrees with the noun's gender", ("a", None, *voiture)
@@ -28,97 +45,298 @@ def _cases():
     yield "a feminine pre-nominal adjective", ("a", adjectives["good"], *voiture)
     yield "elision before a vowel: l'", ("the", None, *arbre)
     yield "elision before a vowel, feminine too", ("the", adjectives["blue"], *ecole)
+    yield "elision before a mute h", ("the", None, *homme)
     yield "no elision when a pre-nominal adjective comes first", ("the", adjectives["big"], *arbre)
     yield "no elision with un/une", ("a", None, *ecole)
     for english, (noun, gender) in NEW_NOUNS.items():
         for article in ("the", "a"):
             for adjective in (None, "small", "black"):
                 entry = adjectives[adjective] if adjective else None
-                yield f"the new noun {english!r} -> {noun!r} ({'feminine' if gender == 'f' else 'masculine'})", (article, entry, noun, gender)
+                yield (f"the new noun {english!r} -> {noun!r} ({'feminine' if gender == 'f' else 'masculine'})",
+                       (article, entry, noun, gender))
     for article in ("the", "a"):
         for adjective in [None, *adjectives.values()]:
             for noun, gender in DEFAULT_LEXICON.nouns.values():
                 yield "every noun phrase of the lexicon", (article, adjective, noun, gender)
 
 
+def _elision_hint(noun: str) -> str:
+    first = noun[0]
+    if first == "y":
+        return " A y is a consonant here, as in le yaourt: no elision before it."
+    if first == "œ":
+        return " The ligature œ (as in l'œuf) is a vowel too."
+    if first == "h":
+        return " This h is mute: elide before it, as in l'homme."
+    if first not in "aeiou":
+        return f" '{first}' is an accented vowel: every vowel elides, whatever its accent."
+    return ""
+
+
 @exercise(
     "Exercise 1, add a new noun: the rules of a French noun phrase",
-    hint="choose the adjective form by gender, put it before or after the noun by its position, then the "
-    "article: un/une for 'a'; for 'the', l' (no space) if the next word starts with a vowel or h, else le/la",
+    hint="choose the adjective's form by the noun's gender and put it before or after the noun as its entry says; "
+         "then the article: un or une for 'a'; for 'the', look at the first letter of the word that follows it, "
+         "and elide to l' (no space) before any vowel, accented or not, or an h",
 )
 def check_french_noun_phrase(noun_phrase) -> str:
     checked = 0
     for rule, args in _cases():
         got = call(noun_phrase, *args)
         expected = french_noun_phrase(*args)
-        expect(isinstance(got, str), f"return a str such as 'le chat rouge'; got {type(got).__name__} {got!r}")
-        expect(
-            got == expected,
-            f"{rule}: for article={args[0]!r}, adjective={args[1]!r}, noun={args[2]!r}, gender={args[3]!r} "
-            f"expected {expected!r}, got {got!r}",
-        )
+        what = f"for article={args[0]!r}, adjective={args[1]!r}, noun={args[2]!r}, gender={args[3]!r}"
+        expect(isinstance(got, str), f"{what}: return a str such as 'le chat rouge'; got {type(got).__name__} {got!r}")
+        if got != expected:
+            detail = ""
+            words = expected.split(" ")
+            if ("l'" in expected) != ("l'" in got) and args[0] == "the":
+                first_word = expected[2:].split(" ")[0] if expected.startswith("l'") else words[1]
+                detail = _elision_hint(first_word)
+            raise Mismatch(f"{rule}: {what} expected {expected!r}, got {got!r}.{detail}")
         checked += 1
-    return (f"all {checked} noun phrases are right, including the new nouns {', '.join(repr(n) for n, _ in NEW_NOUNS.values())}: "
-            "adding a noun to the language takes only its French and its gender.")
+    return (f"all {checked} noun phrases are right, including the new nouns "
+            f"{', '.join(repr(n) for n, _ in NEW_NOUNS.values())}: for a noun that starts with a consonant, a vowel or "
+            "a mute h, its French and its gender are all the grammar needs.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 2
+
+
+def _frequencies(ids: torch.Tensor, V: int) -> torch.Tensor:
+    return torch.bincount(ids.long().cpu(), minlength=V)[:V].double() / len(ids)
 
 
 @exercise(
     "Exercise 2, greedy decoding or sampling",
-    hint="temperature 0: logits.argmax(dim=-1); otherwise probabilities = torch.softmax(logits / temperature, dim=-1) "
-    "and torch.multinomial(probabilities, 1, generator=generator).squeeze(1)",
+    hint="at temperature 0 take each row's largest logit; otherwise divide the logits by the temperature, turn each "
+         "row into probabilities over the vocabulary (the last axis), and draw one id per row with torch.multinomial, "
+         "passing it the generator",
 )
 def check_sample_next(sample_next) -> str:
+    generator = rng(7)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 0.5, 0.5]])  # (B=2, V=4)
+    what = "sample_next(logits of shape (2, 4), temperature=0)"
     greedy = call(sample_next, logits, 0.0, torch.Generator().manual_seed(0))
-    greedy = expect_tensor(greedy, what="sample_next(logits of shape (2, 4), temperature=0)", shape=(2,))
-    expect(not greedy.is_floating_point(), f"return integer ids (torch.long), got dtype {greedy.dtype}")
-    expect(greedy.tolist() == [0, 1], f"temperature 0 must pick the largest logit of each row: expected [0, 1], got {greedy.tolist()}")
+    if isinstance(greedy, torch.Tensor) and tuple(greedy.shape) == (4,) and torch.equal(greedy.cpu(), logits.argmax(0)):
+        raise Mismatch(f"{what}: got {greedy.tolist()}, one id per column: the argmax ran over the batch (dim 0); each "
+                       "row needs its own, over the vocabulary (the last axis)")
+    greedy = expect_tensor(greedy, what=what, shape=(2,), dtype="integer", device=logits)
+    expect(greedy.tolist() == [0, 1],
+           f"{what}: temperature 0 must pick the largest logit of each row: expected [0, 1], got {greedy.tolist()}")
+    # Greedy at other sizes: batch 1 and 3, vocabularies of 5 and 7, an integer temperature 0.
+    for B, V in ((1, 5), (3, 7)):
+        other = randn(B, V, generator=generator, scale=2.0)
+        what = f"sample_next(logits of shape ({B}, {V}), temperature=0)"
+        got = expect_tensor(call(sample_next, other, 0, torch.Generator().manual_seed(0)), what=what, shape=(B,),
+                            dtype="integer", device=other)
+        expect_close(got, other.argmax(dim=-1), what=what)
 
     many = logits[:1].expand(20000, 4)  # the same distribution 20,000 times
     for temperature in (1.0, 0.5, 2.0):
-        first = call(sample_next, many, temperature, torch.Generator().manual_seed(1))
-        first = expect_tensor(first, what=f"sample_next(logits of shape (20000, 4), temperature={temperature})", shape=(20000,))
+        what = f"sample_next(logits of shape (20000, 4), temperature={temperature})"
+        first = expect_tensor(call(sample_next, many, temperature, torch.Generator().manual_seed(1)), what=what,
+                              shape=(20000,), dtype="integer", device=many)
         again = call(sample_next, many, temperature, torch.Generator().manual_seed(1))
-        expect(torch.equal(first, again), "two calls with generators seeded alike gave different samples: "
-               "pass generator=generator to torch.multinomial")
-        frequencies = torch.bincount(first.long().cpu(), minlength=4)[:4].double() / len(first)
+        expect(isinstance(again, torch.Tensor) and torch.equal(first, again),
+               f"{what}: two calls with generators seeded alike gave different samples: draw with the generator you "
+               "were given, so that the results are reproducible")
+        frequencies = _frequencies(first, 4)
         expected = torch.softmax(logits[0].double() / temperature, dim=-1)
         if not torch.allclose(frequencies, expected, atol=0.02):
             at_one = torch.softmax(logits[0].double(), dim=-1)
-            detail = (" They match temperature 1: divide the logits by the temperature." if temperature != 1.0
-                      and torch.allclose(frequencies, at_one, atol=0.02) else "")
-            expect(False, f"at temperature {temperature} the characters should come up with frequencies "
-                   f"{[round(p, 3) for p in expected.tolist()]}, yours came up {[round(p, 3) for p in frequencies.tolist()]}.{detail}")
-    return "greedy at temperature 0, and samples that follow softmax(logits / temperature), reproducibly."
+            times = torch.softmax(logits[0].double() * temperature, dim=-1)
+            detail = ""
+            if temperature != 1.0 and torch.allclose(frequencies, at_one, atol=0.02):
+                detail = " They match temperature 1: divide the logits by the temperature."
+            elif temperature != 1.0 and torch.allclose(frequencies, times, atol=0.02):
+                detail = " They match the logits multiplied by the temperature: divide by it instead."
+            elif frequencies.max() > 0.99:
+                detail = " Every sample is the same id: at a temperature above 0, draw at random."
+            raise Mismatch(f"{what}: the ids should come up with frequencies {[round(p, 3) for p in expected.tolist()]}, "
+                           f"yours came up {[round(p, 3) for p in frequencies.tolist()]}.{detail}")
+        other = call(sample_next, many, temperature, torch.Generator().manual_seed(2))
+        expect(not (isinstance(other, torch.Tensor) and torch.equal(first, other)),
+               f"{what}: generators seeded differently gave the same samples: draw with the generator you were "
+               "given, not with one of your own (or the global one, reseeded)")
+    # Rows that differ (each row its own distribution) and logits near 100 in float32 (exp overflows there).
+    mixed = torch.tensor([[3.0, 0.0, 0.0], [0.0, 0.0, 3.0]]).repeat(6000, 1)  # (12000, 3): rows alternate
+    what = "sample_next(logits whose rows alternate between two distributions, temperature=1)"
+    got = expect_tensor(call(sample_next, mixed, 1.0, torch.Generator().manual_seed(2)), what=what, shape=(12000,),
+                        dtype="integer", device=mixed)
+    for row in (0, 1):
+        want = torch.softmax(mixed[row].double(), dim=-1)
+        have = _frequencies(got[row::2], 3)
+        expect(torch.allclose(have, want, atol=0.03),
+               f"{what}: rows like row {row} should give frequencies {[round(p, 3) for p in want.tolist()]}, yours "
+               f"gave {[round(p, 3) for p in have.tolist()]}: each row is its own distribution over the last axis")
+    big = large_scores(4000, 3, generator=generator, spread=1.0)  # rows near +100 and -100
+    what = "sample_next(logits near +100 and -100 in float32, temperature=1)"
+    got = expect_tensor(call(sample_next, big, 1.0, torch.Generator().manual_seed(3)), what=what, shape=(4000,),
+                        dtype="integer", device=big)
+    expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
+    return "greedy at temperature 0, and samples that follow softmax(logits / temperature) row by row, reproducibly."
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 3
+
+
+class _ToyModel:
+    """A next-token distribution given by a table: prefix (after the start symbol) -> probabilities.
+
+    Prefixes that the table does not list get a default that depends on the prefix, so that every
+    sequence has its own score. Calls are (N, t) LongTensors whose rows start with ``start_id``.
+    """
+
+    def __init__(self, V: int, start_id: int, end_id: int, table: dict, seed: int) -> None:
+        self.V, self.start_id, self.end_id, self.table, self.seed = V, start_id, end_id, table, seed
+        self.calls = 0
+
+    def probabilities(self, prefix: tuple) -> torch.Tensor:
+        if prefix in self.table:
+            p = torch.zeros(self.V, dtype=torch.float64)
+            for token, value in self.table[prefix].items():
+                p[token] = value
+            rest = 1 - float(p.sum())
+            others = [i for i in range(self.V) if i not in self.table[prefix] and i != self.start_id]
+            for i in others:
+                p[i] = rest / len(others)
+            return p
+        g = torch.Generator().manual_seed(self.seed * 1000003 + hash(prefix) % 1000003)
+        p = torch.rand(self.V, generator=g, dtype=torch.float64) + 0.05
+        p[self.start_id] = 0.0
+        p[self.end_id] += 0.25 * len(prefix)  # longer prefixes tend to end
+        return p / p.sum()
+
+    def __call__(self, prefixes) -> torch.Tensor:
+        self.calls += 1
+        if isinstance(prefixes, torch.Tensor) and prefixes.dim() == 2 and prefixes.size(1) == 0:
+            raise ValueError(f"every prefix passed to next_log_probs must start with the start symbol "
+                             f"{self.start_id}, got empty prefixes")
+        if not isinstance(prefixes, torch.Tensor) or prefixes.dim() != 2 or prefixes.is_floating_point():
+            raise TypeError(f"next_log_probs expects an (N, t) tensor of integer ids, got "
+                            f"{type(prefixes).__name__} {getattr(prefixes, 'shape', '')}")
+        rows = []
+        for row in prefixes.tolist():
+            if not row or row[0] != self.start_id:
+                raise ValueError(f"every prefix passed to next_log_probs must start with the start symbol "
+                                 f"{self.start_id}, got {row}")
+            if self.end_id in row:
+                raise ValueError(f"next_log_probs was asked to extend {row}, which has already ended "
+                                 f"(end symbol {self.end_id}): a finished sequence stays as it is")
+            rows.append(self.probabilities(tuple(row[1:])).log())
+        return torch.stack(rows).float()  # (N, V)
+
+
+def _variant(model: _ToyModel, beam_width: int, max_len: int, *, score="sum", first_finished=False,
+             greedy=False) -> list[int]:
+    """The answer of a plausible wrong beam search (or the right one, with the defaults)."""
+    width = 1 if greedy else beam_width
+    beams = [([model.start_id], 0.0, 0.0)]  # ids, sum of log-probabilities, the last one
+    for _ in range(max_len):
+        alive = [b for b in beams if b[0][-1] != model.end_id]
+        if not alive:
+            break
+        candidates = [b for b in beams if b[0][-1] == model.end_id]
+        for ids, total, _ in alive:
+            log_p = model.probabilities(tuple(ids[1:])).log()
+            for token in range(model.V):
+                if token != model.start_id:
+                    candidates.append((ids + [token], total + float(log_p[token]), float(log_p[token])))
+
+        def key(b):
+            if score == "last":
+                return -b[2]
+            if score == "mean":
+                return -b[1] / (len(b[0]) - 1)
+            return -b[1]
+        beams = sorted(candidates, key=key)[:width]
+        if first_finished:
+            done = [b for b in beams if b[0][-1] == model.end_id]
+            if done:
+                return done[0][0][1:]
+    return beams[0][0][1:]
+
+
+def _beam_cases():
+    """(description, model, beam_width, max_len) from hand-made traps to random tables."""
+    S, E, A, B, C, D = 1, 2, 3, 4, 5, 6
+    greedy_trap = {(): {A: 0.5, B: 0.4, E: 0.1}, (A,): {A: 0.3, B: 0.25, C: 0.2, E: 0.25}, (B,): {C: 0.9, E: 0.1},
+                   (B, C): {E: 0.97}, (A, A): {E: 0.6}}
+    yield "a case where greedy decoding goes wrong", _ToyModel(7, S, E, greedy_trap, 1), 2, 6
+    yield "the same case at beam_width=1 (greedy decoding)", _ToyModel(7, S, E, greedy_trap, 1), 1, 6
+    late = {(): {A: 0.5, B: 0.45, E: 0.05}, (A,): {E: 0.4, A: 0.3, B: 0.3}, (B,): {C: 0.95}, (B, C): {D: 0.9},
+            (B, C, D): {E: 0.95}}
+    yield "a case where a worse sequence ends first", _ToyModel(7, S, E, late, 2), 2, 8
+    early = {(): {E: 0.45, A: 0.35, B: 0.2}, (A,): {A: 0.26, B: 0.25, C: 0.25, E: 0.24}, (B,): {C: 0.5, E: 0.5}}
+    yield "a case where ending at once is best", _ToyModel(7, S, E, early, 3), 2, 8
+    never = {(): {A: 0.6, B: 0.4}, (A,): {A: 0.55, B: 0.45}, (B,): {A: 0.9, B: 0.1}, (A, A): {B: 0.7, A: 0.3},
+             (A, B): {A: 0.8, B: 0.2}, (B, A): {A: 0.55, B: 0.45}}
+    yield "a case that reaches max_len before any sequence ends", _ToyModel(4, 0, 1, {
+        tuple(2 if t == A else 3 for t in k): {(2 if t == A else 3): v for t, v in d.items()} for k, d in never.items()
+    }, 4), 2, 3
+    for seed, (V, width, max_len) in enumerate(((6, 2, 6), (5, 3, 7), (8, 4, 6), (7, 3, 5), (9, 2, 8)), start=10):
+        start, end = (0, V - 1) if seed % 2 else (1, 2)  # the special ids are not always 1 and 2
+        yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
+
+
+_BEAM_MISTAKES = (
+    ({"greedy": True}, "this is greedy decoding's answer: keep the beam_width best prefixes at every step, not one"),
+    ({"score": "last"}, "you ranked the prefixes by the log-probability of their last token only; a prefix's score is "
+                        "the sum of the log-probabilities of all its tokens"),
+    ({"score": "mean"}, "you divided each score by the length (a length penalty); this exercise ranks by the plain "
+                        "sum of log-probabilities"),
+    ({"first_finished": True}, "you returned the first sequence that ended; a better one may still be in the beam: "
+                               "stop when every survivor has ended and return the best"),
+)
 
 
 @exercise(
-    "Exercise 3, the decoder's causal mask by hand",
-    hint="DecoderLayer (like nn.MultiheadAttention) wants True where attending is NOT allowed: "
-    "torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)",
+    "Exercise 3, beam search",
+    hint="keep a list of (ids, score) pairs, best first; at each step extend every unfinished prefix by every token, "
+         "adding the token's log-probability to the prefix's score, keep the finished ones as they are, and keep the "
+         "beam_width best of all these; stop when all survivors have ended (or after max_len tokens)",
+    forbid=(beam_search, beam_translate),
 )
-def check_decoder_mask(decoder_mask) -> str:
-    for T in (4, 7, 1):
-        mask = expect_tensor(call(decoder_mask, T), what=f"decoder_mask({T})", shape=(T, T))
-        expect(mask.dtype == torch.bool, f"decoder_mask({T}) must be a bool tensor, got dtype {mask.dtype}")
-        blocked = torch.ones(T, T, dtype=torch.bool).triu(1)
-        if T > 1 and torch.equal(mask.cpu(), ~blocked):
-            expect(False, f"decoder_mask({T}) is True where attending IS allowed (the convention of "
-                   "F.scaled_dot_product_attention and ac.causal_mask); DecoderLayer wants True where it is blocked")
-        if T > 1 and torch.equal(mask.cpu(), blocked.T):
-            expect(False, f"decoder_mask({T}) blocks the past instead of the future: row t (a query) may see columns 0..t")
-        if T > 1 and torch.equal(mask.cpu(), ~blocked.T):
-            expect(False, f"decoder_mask({T}) also blocks the diagonal: each position must see itself (row 0 would see "
-                   "nothing at all); only the keys above the diagonal are the future")
-        expect(torch.equal(mask.cpu(), blocked), f"decoder_mask({T}) should be\n{blocked.int()}\ngot\n{mask.int()}")
-    torch.manual_seed(0)
-    layer = DecoderLayer(16, 4, 32).eval()
-    x, memory = torch.randn(2, 5, 16), torch.randn(2, 3, 16)
-    with torch.no_grad():
-        yours, _, _ = layer(x, memory, tgt_attn_mask=call(decoder_mask, 5), is_causal=False)
-        reference, _, _ = layer(x, memory, is_causal=True)
-    expect(torch.allclose(yours, reference, atol=1e-6), "with your mask the decoder layer's output differs from is_causal=True")
-    return "with your mask, DecoderLayer(..., is_causal=False) gives exactly what is_causal=True gives."
+def check_beam_search(beam_search_fn) -> str:
+    results = []  # (what, model, width, max_len, got, expected)
+    for description, model, width, max_len in _beam_cases():
+        what = (f"beam_search(next_log_probs, beam_width={width}, max_len={max_len}, start_id={model.start_id}, "
+                f"end_id={model.end_id}) on {description}")
+        got = call(beam_search_fn, model, width, max_len, model.start_id, model.end_id)
+        if isinstance(got, tuple) and len(got) == 2 and not isinstance(got[0], (int, float)):
+            got = got[0]  # (ids, score) is fine too
+        got = expect_tensor(got, what=what, dtype="integer", convert=True).flatten().tolist()
+        results.append((what, model, width, max_len, got, _variant(model, width, max_len)))
+    wrong = [r for r in results if r[4] != r[5]]
+    if not wrong:
+        return ("your beam search finds what the reference finds, on traps for greedy decoding, on sequences that end "
+                "early or late, and on random tables: beam_width=1 is greedy decoding, a wider beam looks further.")
+    what, model, width, max_len, got, expected = wrong[0]
+    if all(r[4] == [r[1].start_id] + r[5] for r in results):
+        raise Mismatch(f"{what}: leave the start symbol out of the result; return the ids after it")
+    if len(got) > max_len:
+        raise Mismatch(f"{what}: your sequence has {len(got)} tokens; max_len={max_len} allows at most {max_len} "
+                       "after the start symbol")
+    for options, message in _BEAM_MISTAKES:  # a mistake is named only when it explains every case
+        if all(r[4] == _variant(r[1], r[2], r[3], **options) for r in results):
+            raise Mismatch(f"{what}: {message}")
+    if all(r[4] == r[5] for r in results if r[2] == 2) or all(r[4] == _variant(r[1], 2, r[3]) for r in results):
+        raise Mismatch(f"{what}: your answer is right for beam_width=2 only: use the beam_width you are given")
+
+    def score(ids):
+        total, prefix = 0.0, ()
+        for token in ids:
+            total += float(model.probabilities(prefix)[token].log())
+            prefix += (token,)
+        return total
+    shown = f" (total log-probability {score(got):.3f})" if got and all(0 <= t < model.V for t in got) else ""
+    raise Mismatch(f"{what}: expected {expected} (total log-probability {score(expected):.3f}), got {got}{shown}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 4
 
 
 def _wirings(layer: DecoderLayer, x, memory, memory_padding) -> dict:
@@ -139,71 +357,106 @@ def _wirings(layer: DecoderLayer, x, memory, memory_padding) -> dict:
         h = b((h if residual else 0) + attend_source_fn(h))
         return c((h if residual else 0) + ffn(h))
 
+    def query_from_input():  # the cross-attention's queries taken from the layer's input, not from h
+        h = n1(x + attend_self(x))
+        h = n2(h + cross_attn(x, memory, memory, key_padding_mask=memory_padding, need_weights=False)[0])
+        return n3(h + ffn(h))
+
     def pre_norm():
         h = x + attend_self(n1(x))
         h = h + attend_source(n2(h))
         return h + ffn(n3(h))
 
-    return {
+    wirings = {
         "right": post(),
         "pre-norm": pre_norm(),
         "no causal mask": post(attend_self_fn=lambda h: attend_self(h, causal=False)),
-        "padding attended": post(attend_source_fn=lambda h: attend_source(h, padding=None)),
         "cross-attention to itself": post(attend_source_fn=lambda h: attend_source(h, padding=None, keys=h)),
         "no residual": post(residual=False),
         "norms in another order": post(norms=(n3, n2, n1)),
+        "query from the input": query_from_input(),
     }
+    if bool(memory_padding.any()):
+        wirings["padding attended"] = post(attend_source_fn=lambda h: attend_source(h, padding=None))
+        if not bool(memory_padding.all(dim=-1).any()):
+            wirings["padding inverted"] = post(attend_source_fn=lambda h: attend_source(h, padding=~memory_padding))
+    return wirings
 
 
 _WIRING_MESSAGES = {
     "pre-norm": "that is the pre-norm wiring, x + sublayer(norm(x)) (what this layer's own forward does); "
                 "post-norm normalises after the residual sum: x = norm(x + sublayer(x))",
-    "no causal mask": "the self-attention sees the future: pass is_causal=True to layer.self_attn",
-    "padding attended": "the cross-attention reads the source's padding: pass key_padding_mask=memory_padding "
-                        "(True at padding) to layer.cross_attn",
+    "no causal mask": "the self-attention sees the future: the decoder's self-attention must be causal",
+    "padding attended": "the cross-attention reads the source's padding: pass memory_padding (True at padding) to the "
+                        "cross-attention as its key padding mask",
+    "padding inverted": "the cross-attention's padding mask is inverted: memory_padding is already True at padding, "
+                        "the blocked convention that layer.cross_attn expects; pass it as it is",
     "cross-attention to itself": "the cross-attention takes its keys and values from the decoder; they come from "
-                                 "memory (the encoder's output): layer.cross_attn(h, memory, memory, ...)",
+                                 "memory (the encoder's output)",
     "no residual": "the residual connections are missing: each sub-layer's output is added to its input "
                    "before the norm, norm(x + sublayer(x))",
     "norms in another order": "the right wiring with the norms swapped: norm1 follows the self-attention, norm2 "
                               "the cross-attention, norm3 the feed-forward network",
+    "query from the input": "the cross-attention's queries come from the layer's input; they come from the output of "
+                            "the first sub-layer (after norm1), as each sub-layer reads the one before it",
 }
+
+
+def _layer(E: int, H: int, seed: int) -> DecoderLayer:
+    g = rng(seed)
+    layer = DecoderLayer(E, H, 2 * E, norm_first=True).eval()  # pre-norm: its own forward is not the answer
+    with torch.no_grad():
+        for parameter in layer.parameters():  # seeded weights, and norms that are not the identity
+            parameter.copy_(randn(*parameter.shape, generator=g, scale=0.3))
+        for norm in (layer.norm1, layer.norm2, layer.norm3):
+            norm.weight.copy_(1 + 0.5 * randn(E, generator=g))
+    return layer
+
+
+def _post_norm_reference(layer: DecoderLayer, x, memory, memory_padding):
+    post = DecoderLayer(layer.norm1.normalized_shape[0], layer.self_attn.num_heads,
+                        layer.feed_forward.expand.out_features, norm_first=False).eval()
+    post.load_state_dict(layer.state_dict())
+    return post(x, memory, memory_key_padding_mask=memory_padding)[0]
 
 
 @exercise(
     "Exercise 4, the original (post-norm) decoder layer",
-    hint="x = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0]); then the same with norm2 around "
-    "layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0]; then norm3 around layer.feed_forward(x)",
+    hint="three sub-layers in turn, each added to its input and then normalised: the causal self-attention (norm1), "
+         "the cross-attention whose keys and values are memory, with the source's padding mask (norm2), the "
+         "feed-forward network (norm3)",
 )
 def check_post_norm_decoder_layer(post_norm_decoder_layer) -> str:
-    torch.manual_seed(0)
-    layer = DecoderLayer(16, 4, 32, norm_first=True).eval()  # a pre-norm layer: its own forward is not the answer
-    with torch.no_grad():  # norms that are not the identity, so that a misplaced norm shows
-        for norm in (layer.norm1, layer.norm2, layer.norm3):
-            norm.weight.uniform_(0.5, 1.5)
-            norm.bias.uniform_(-0.5, 0.5)
-    post_norm = DecoderLayer(16, 4, 32, norm_first=False).eval()
-    post_norm.load_state_dict(layer.state_dict())
-    x, memory = torch.randn(2, 6, 16), torch.randn(2, 5, 16)  # (B, T, E), (B, S, E)
-    memory_padding = torch.tensor([[False] * 5, [False, False, False, True, True]])  # (B, S), True at padding
-    with torch.no_grad():
-        got = call(post_norm_decoder_layer, layer, x.clone(), memory.clone(), memory_padding.clone())
-        reference, _, _ = post_norm(x, memory, memory_key_padding_mask=memory_padding)
-        wirings = _wirings(layer, x, memory, memory_padding)
-    if isinstance(got, tuple):
-        expect(False, "return only the layer's output tensor (B, T, E), not a tuple")
-    got = expect_tensor(got, what="post_norm_decoder_layer(layer, x of shape (2, 6, 16), memory of shape (2, 5, 16), ...)",
-                        shape=(2, 6, 16))
-    got = got.detach().float().cpu()
-    if torch.allclose(got, reference, atol=1e-5, rtol=1e-4):
-        return ("your post-norm wiring gives exactly what DecoderLayer(norm_first=False) gives, with the same weights: "
-                "the original Transformer's layer.")
-    for name, message in _WIRING_MESSAGES.items():
-        if torch.allclose(got, wirings[name], atol=1e-5, rtol=1e-4):
-            raise Mismatch(message)
-    if torch.allclose(got, x):
-        raise Mismatch("the output equals the input: apply the three sub-layers")
-    worst = float((got - reference).abs().max())
-    raise Mismatch(f"your output differs from the post-norm layer's by up to {worst:.3g}: norm1 after the causal "
-                   "self-attention, norm2 after the cross-attention to memory, norm3 after the feed-forward network, "
-                   "each around a residual sum")
+    cases = [("the notebook's sizes", 2, 6, 5, 16, 4, torch.tensor([[False] * 5, [False, False, False, True, True]]))]
+    for name, mask in padding_cases(3, 6, convention="blocked"):
+        cases.append((name, 3, 4, 6, 12, 3, mask))
+    for size in other_sizes():
+        lengths = [size.S] + [max(1, size.S - 1 - b) for b in range(1, size.B)]
+        mask = torch.arange(size.S)[None, :] >= torch.tensor(lengths)[:, None]  # (B, S): right padding
+        cases.append((f"sizes {size}", size.B, size.L, size.S, size.E, size.H, mask))
+    for seed, (name, B, T, S, E, H, memory_padding) in enumerate(cases):
+        layer = _layer(E, H, seed)
+        g = rng(100 + seed)
+        x, memory = randn(B, T, E, generator=g), randn(B, S, E, generator=g)  # (B, T, E), (B, S, E)
+        what = (f"post_norm_decoder_layer(layer, h of shape (B, T, E) = {(B, T, E)}, memory of shape {(B, S, E)}, "
+                f"memory_padding with {name})")
+        with torch.no_grad():
+            with forbidden(layer, reason="the layer's own forward is the pre-norm wiring; use its sub-modules"):
+                got = call(post_norm_decoder_layer, layer, x, memory, memory_padding)
+            reference = _post_norm_reference(layer, x, memory, memory_padding)
+            wirings = _wirings(layer, x, memory, memory_padding)
+        if isinstance(got, (tuple, list)):
+            raise Mismatch(f"{what}: return only the layer's output tensor (B, T, E), not a {type(got).__name__}")
+        got = expect_tensor(got, what=what, shape=(B, T, E), dtype="float", device=x)
+        if torch.allclose(got.detach().float(), reference, atol=1e-5, rtol=1e-4):
+            continue
+        for wiring, message in _WIRING_MESSAGES.items():
+            if wiring in wirings and torch.allclose(got.detach().float(), wirings[wiring], atol=1e-5, rtol=1e-4) \
+                    and not torch.allclose(wirings[wiring], reference, atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: {message}")
+        if torch.allclose(got.detach().float(), x):
+            raise Mismatch(f"{what}: the output equals the input: apply the three sub-layers")
+        expect_close(got, reference, what=f"{what}: the output (compared with DecoderLayer(norm_first=False) holding the "
+                                          "same weights)")
+    return ("your post-norm wiring gives exactly what DecoderLayer(norm_first=False) gives with the same weights, at "
+            "every size and padding tried: the original Transformer's layer.")

@@ -254,8 +254,8 @@ def attention_grid(maps: torch.Tensor, query_symbols: Sequence[str], key_symbols
         fig.suptitle(title)
         fig.supxlabel(key_label)
         fig.supylabel(query_label)
-        what = "largest weight" if quantile == 1 else f"{quantile:.0%} of the weights lie below it"
-        first = "; the first row (weight 1 on <s>) left out" if causal else ""
+        what = "the largest weight" if quantile == 1 else f"{quantile:.0%} of the weights below"
+        first = ", row 1 left out" if causal else ""
         fig.colorbar(image, ax=axes, shrink=0.8,
-                     label=f"attention weight: colours 0 to {top:.2f}\n({what}{first})")
+                     label=f"attention weight, colours 0 to {top:.2f}\n({what}{first})")
     return fig
