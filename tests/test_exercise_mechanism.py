@@ -774,3 +774,19 @@ def test_fresh_check_refuses_a_mechanism_changed_in_memory(patch):
     finally:
         setattr(target, name, original)
     ex.fresh_check("ch02", "check_stable_softmax")  # restored: fine again
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_a_half_precision_result_of_float32_inputs_is_named(half):
+    """Its looser tolerance would hide other mistakes (review of chapter 03: a scale off by 3e-4)."""
+
+    @exercise("Scale")
+    def check_scale(fn):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+        expect_close(call(fn, x), x * 0.5, what="scale(x)")
+        return "ok"
+
+    wrong = check_scale(lambda x: (x * 0.5).to(half))
+    assert wrong.status == "incorrect" and str(half) in wrong.message and "float32" in wrong.message
+    assert check_scale(lambda x: x * 0.5), "float32 in, float32 out"
+    assert check_scale(lambda x: x.double() * 0.5), "more precise than the inputs is not a mistake"

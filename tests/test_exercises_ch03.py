@@ -380,7 +380,7 @@ def test_self_attention_by_hand_written_differently_passes():
         (lambda p: torch.eye(len(p), dtype=p.dtype) - p[None, :], "log-softmax"),
         (lambda p: torch.autograd.functional.jacobian(lambda s: torch.softmax(s, 0), p), "taken at the scores s = p"),
         (lambda p: torch.diag(p) - torch.outer(p, p.mul_(1.0001)), "changed its input `p` in place"),
-        (lambda p: (torch.diag(p) - torch.outer(p, p)).half(), "values differ"),
+        (lambda p: (torch.diag(p) - torch.outer(p, p)).half(), "float16 but the inputs were"),
         (lambda p: torch.diag(p) - torch.outer(p, p) if len(p) == 5 else torch.zeros(len(p), len(p)), "values differ"),
     ],
 )

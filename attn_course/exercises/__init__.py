@@ -202,7 +202,52 @@ def call(fn: Callable, *args, **kwargs) -> Any:
         path, what = change
         raise Mismatch(f"your function changed its input `{path}` in place ({what}): work on a copy, so that "
                        "the caller's data stays as it was")
+    _mark_input_dtype(result, _floating_dtype_of((args, kwargs)))
     return attempted(result)
+
+
+_INPUT_DTYPE = "_attn_course_input_dtype"  # set on each result tensor of call(): its inputs' float dtype
+
+
+def _floating_dtype_of(value: Any, depth: int = 0) -> torch.dtype | None:
+    """The dtype that PyTorch's promotion gives the floating-point tensors in ``value`` (tensors, also
+    inside lists, tuples and dicts, and an ``nn.Module``'s parameters), or None when there are none."""
+    found = None
+    if isinstance(value, torch.Tensor):
+        return value.dtype if value.is_floating_point() else None
+    if depth > 4:
+        return None
+    if isinstance(value, torch.nn.Module):
+        items = list(value.parameters()) + [b for b in value.buffers() if b.is_floating_point()]
+    elif isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return None
+    for item in items:
+        dtype = _floating_dtype_of(item, depth + 1)
+        if dtype is not None:
+            found = dtype if found is None else torch.promote_types(found, dtype)
+    return found
+
+
+def _mark_input_dtype(result: Any, dtype: torch.dtype | None, depth: int = 0) -> None:
+    """Remember on each floating-point tensor of ``result`` the dtype its inputs had (for expect_close)."""
+    if dtype is None or depth > 3:
+        return
+    if isinstance(result, torch.Tensor):
+        if result.is_floating_point():
+            try:
+                setattr(result, _INPUT_DTYPE, dtype)
+            except (AttributeError, TypeError):  # a tensor subclass without attributes: nothing to remember
+                pass
+    elif isinstance(result, (list, tuple)):
+        for item in result:
+            _mark_input_dtype(item, dtype, depth + 1)
+    elif isinstance(result, dict):
+        for item in result.values():
+            _mark_input_dtype(item, dtype, depth + 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -321,7 +366,10 @@ def expect_close(got: Any, expected: torch.Tensor, *, what: str, atol: float | N
     integer or bool; ``dtype=`` asks for an exact one, see :func:`expect_tensor`); the device must be
     ``expected``'s (``device=True``, the default: the check computes ``expected`` from the inputs, so
     that is the inputs' device), another device, or ``None`` for any. ``atol``/``rtol`` default to
-    :func:`tolerance` of the two dtypes.
+    :func:`tolerance` of the two dtypes. A floating-point ``got`` that :func:`call` returned in half
+    precision (float16, bfloat16) from float32 or float64 inputs is a mistake unless ``dtype=`` says
+    otherwise: its looser tolerance would hide other mistakes (a scale off by 3e-4, say). A float32
+    result of float64 inputs passes with float32's tolerance.
     """
     got = expect_tensor(got, what=what, shape=expected.shape)
     if dtype is None:
@@ -330,6 +378,11 @@ def expect_close(got: Any, expected: torch.Tensor, *, what: str, atol: float | N
             _check_dtype(got, kind, what)
     else:
         _check_dtype(got, dtype, what)
+    inputs_dtype = getattr(got, _INPUT_DTYPE, None)
+    half = (torch.float16, torch.bfloat16)
+    if dtype is None and inputs_dtype is not None and got.dtype in half and inputs_dtype not in half:
+        raise Mismatch(f"{what}: your result is {got.dtype} but the inputs were {inputs_dtype}: compute in the "
+                       "inputs' dtype (new tensors take dtype= from the inputs)")
     if device is True:
         expect_same_device(got, expected, what=what)
     elif device is not None and device is not False:
