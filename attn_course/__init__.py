@@ -25,6 +25,7 @@ from .latent import MultiHeadLatentAttention  # 11
 from .caches import LatentKVCache, cache_elements_per_token  # 11
 from .linear import DeltaNetAttention, LinearAttention, LinearAttentionState, delta_rule, delta_rule_step  # 12
 from .linear import associative_recall, linear_attention, linear_attention_step  # 12
+from .recall import RecallModel, recall_accuracy, train_recall  # 12
 from .decoder import DecoderOnlyLM, generate  # 08-11
 from .plotting import plot_attention, plot_attention_grid, plot_mask
 from . import diagrams  # the diagram language: ac.diagrams.attention_flow(...), ac.diagrams.PALETTE
@@ -92,6 +93,9 @@ __all__ = [
     "LinearAttention",
     "DeltaNetAttention",
     "associative_recall",
+    "RecallModel",
+    "train_recall",
+    "recall_accuracy",
     "plot_attention",
     "plot_attention_grid",
     "plot_mask",
