@@ -1,0 +1,328 @@
+"""Checks for the exercises of chapter 12, linear attention and the delta rule.
+
+Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and
+names the mistake when it recognises one; the table of those mistakes is in
+tests/test_exercises_ch12.py. They use the shared mechanism of ``attn_course.exercises``: the
+package forbidden by every route in exercises 1 and 2, inputs watched for changes in place, sizes
+unlike the notebook's (one token, one head, ``D_k != D_v`` and ``D_k == D_v``, keys that are not of
+unit length), float32 and float64, gates small enough that a product of them underflows float32, and
+model sizes other than Qwen3-Next's in exercise 3 (numpy integers accepted).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_sequence, expect_tensor,
+               rng)
+
+__all__ = ["check_delta_rule_loop", "check_decay_matrix", "check_decoding_memory"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1: the delta rule, token by token
+
+
+def _delta_reference(q, k, v, beta, *, read_before=False, additive=False, no_beta=False, flipped=False,
+                     beta_on_value=False, papers_read=False, normalise=False, beta_on_both=False):
+    """The delta rule in the chapter's orientation (state (D_k, D_v), o_t = S_t^T q_t), in float64,
+    with one of the plausible mistakes switched on."""
+    q, k, v, beta = (x.detach().double() for x in (q, k, v, beta))
+    if normalise:
+        k = F.normalize(k, dim=-1)
+    B, H, L, Dk = k.shape
+    Dv = v.size(-1)
+    S = torch.zeros(B, H, Dk, Dv, dtype=torch.float64)
+    outputs = []
+    for t in range(L):
+        k_t, v_t, q_t = k[:, :, t], v[:, :, t], q[:, :, t]  # (B, H, D_k), (B, H, D_v), (B, H, D_k)
+        b_t = torch.ones_like(beta[:, :, t]) if no_beta else beta[:, :, t]  # (B, H)
+        if read_before:
+            outputs.append((q_t[..., None, :] @ S).squeeze(-2))
+        if papers_read:  # S k_t with S read as (D_v, D_k): only possible when D_k == D_v
+            recalled = (S @ k_t[..., :, None]).squeeze(-1)
+        else:
+            recalled = (k_t[..., None, :] @ S).squeeze(-2)  # k_t^T S_{t-1}, (B, H, D_v)
+        if additive:
+            write = b_t[..., None] * v_t
+        elif beta_on_value:
+            write = b_t[..., None] * v_t - recalled
+        elif beta_on_both:
+            write = b_t[..., None] * (v_t - b_t[..., None] * recalled)
+        else:
+            write = b_t[..., None] * ((recalled - v_t) if flipped else (v_t - recalled))
+        S = S + k_t[..., :, None] * write[..., None, :]  # (B, H, D_k, D_v)
+        if not read_before:
+            outputs.append((q_t[..., None, :] @ S).squeeze(-2))
+    return torch.stack(outputs, dim=2), S
+
+
+_DELTA_MISTAKES = {
+    "read_before": "you read the output before writing token t: o_t = S_t^T q_t uses the state *after* the update "
+                   "(the token's own pair is already in it, as in causal attention, where query t sees key t)",
+    "additive": "you added beta_t k_t v_t^T without subtracting what the state already returns for k_t: that is "
+                "linear attention with a writing strength, not the delta rule",
+    "no_beta": "you left out beta_t: the correction v_t - S_{t-1}^T k_t is multiplied by each token's beta_t",
+    "flipped": "the correction has the wrong sign: the state moves towards v_t, so it adds beta_t k_t (v_t - v_hat_t)^T "
+               "with v_hat_t = S_{t-1}^T k_t",
+    "beta_on_value": "beta_t multiplies only v_t: it scales the whole correction, beta_t (v_t - S_{t-1}^T k_t)",
+    "beta_on_both": "beta_t is applied twice to the recalled value: the correction is beta_t (v_t - S_{t-1}^T k_t)",
+    "papers_read": "you recalled S k_t, which reads the state as (D_v, D_k) (the DeltaNet papers' orientation); "
+                   "with the state stored as (D_k, D_v), the value stored under k_t is k_t^T S = S^T k_t",
+    "normalise": "you normalised the keys: the function computes the equations for the keys it is given (DeltaNet "
+                 "normalises them before calling it); here the keys have length 0.7",
+}
+
+
+def _delta_inputs(generator, B, H, L, Dk, Dv, dtype, key_length=1.0):
+    q = torch.randn(B, H, L, Dk, generator=generator, dtype=torch.float64)
+    k = F.normalize(torch.randn(B, H, L, Dk, generator=generator, dtype=torch.float64), dim=-1) * key_length
+    v = torch.randn(B, H, L, Dv, generator=generator, dtype=torch.float64)
+    beta = torch.rand(B, H, L, generator=generator, dtype=torch.float64) * 0.8 + 0.1  # in (0.1, 0.9)
+    return tuple(x.to(dtype) for x in (q, k, v, beta))
+
+
+@exercise(
+    "Exercise 1, the delta rule token by token",
+    hint="start from a zero state of shape (B, H, D_k, D_v); for each token recall what the state holds for its key "
+         "(the key times the state), move that towards the token's value by beta, write the correction along the key "
+         "as an outer product, and read the output from the updated state with the query",
+    forbid=("attn_course",),
+)
+def check_delta_rule_loop(delta_rule_loop) -> str:
+    generator = rng(12)
+    cases = [  # (B, H, L, D_k, D_v, dtype, key length)
+        (1, 1, 5, 3, 3, torch.float64, 1.0),  # D_k == D_v: an orientation mistake runs, and is named
+        (2, 2, 6, 4, 3, torch.float64, 1.0),  # D_k != D_v
+        (2, 3, 7, 5, 2, torch.float64, 0.7),  # keys shorter than 1: normalising them changes the result
+        (3, 1, 1, 2, 5, torch.float32, 1.0),  # one token, batch 3
+        (1, 2, 9, 6, 4, torch.float32, 1.0),  # float32
+    ]
+    for B, H, L, Dk, Dv, dtype, key_length in cases:
+        q, k, v, beta = _delta_inputs(generator, B, H, L, Dk, Dv, dtype, key_length)
+        what = (f"delta_rule_loop(q, k, v, beta) for q, k of shape {(B, H, L, Dk)}, v {(B, H, L, Dv)}, beta {(B, H, L)} "
+                f"({str(dtype).replace('torch.', '')}{', keys of length 0.7' if key_length != 1.0 else ''})")
+        output, state = expect_sequence(call(delta_rule_loop, q, k, v, beta), what=what, names=("output", "state"))
+        output = expect_tensor(output, what=f"the output of {what}", dtype="float")
+        state = expect_tensor(state, what=f"the state of {what}", dtype="float")
+        if Dk != Dv and tuple(state.shape) == (B, H, Dv, Dk):
+            raise Mismatch(f"the state of {what} has shape {(B, H, Dv, Dk)}: this chapter stores it as (D_k, D_v), "
+                           f"{(B, H, Dk, Dv)}, rows indexed by key features (the papers' d_v x d_k is its transpose)")
+        expect_tensor(output, what=f"the output of {what}", shape=(B, H, L, Dv))
+        expect_tensor(state, what=f"the state of {what}", shape=(B, H, Dk, Dv))
+        want_output, want_state = _delta_reference(q, k, v, beta)
+        got_output, got_state = output.detach().double(), state.detach().double()
+        close = lambda a, b: bool(torch.allclose(a, b, atol=1e-5, rtol=1e-4))  # noqa: E731
+        if Dk == Dv and close(got_output, want_output) and close(got_state.transpose(-2, -1), want_state) \
+                and not close(got_state, want_state):
+            raise Mismatch(f"{what}: your outputs are right but your state is transposed: this chapter stores it as "
+                           "(D_k, D_v), rows indexed by key features (the papers' d_v x d_k is its transpose)")
+        if not (close(got_output, want_output) and close(got_state, want_state)):
+            for mistake, message in _DELTA_MISTAKES.items():
+                if mistake == "papers_read" and Dk != Dv:
+                    continue
+                if mistake == "normalise" and key_length == 1.0:
+                    continue
+                wrong_output, wrong_state = _delta_reference(q, k, v, beta, **{mistake: True})
+                if close(got_output, wrong_output) or (mistake != "read_before" and close(got_state, wrong_state)):
+                    raise Mismatch(f"{what}: {message}")
+        expect_close(output, want_output.to(dtype), what=f"the output of {what}")
+        expect_close(state, want_state.to(dtype), what=f"the state of {what}")
+    return ("your loop is the delta rule: each token corrects what the state recalls for its key by beta_t, and the "
+            "query reads the corrected state.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 2: the decay matrix of gated linear attention
+
+
+def _decay_reference(gate: torch.Tensor) -> torch.Tensor:
+    """D[..., t, j] = gate[j+1] * ... * gate[t] for j <= t (1 on the diagonal), 0 above; in float64, by
+    differences of cumulative sums of logs (no product is ever formed, so nothing underflows)."""
+    log_gate = gate.detach().double().log()  # (..., L)
+    cumulative = log_gate.cumsum(dim=-1)  # (..., L): log(gate[0] * ... * gate[t])
+    L = gate.size(-1)
+    lower = torch.ones(L, L, dtype=torch.bool).tril()
+    difference = cumulative[..., :, None] - cumulative[..., None, :]  # (..., L, L): log of the product over j+1..t
+    return difference.masked_fill(~lower, float("-inf")).exp()
+
+
+def _decay_mistakes(gate: torch.Tensor) -> dict:
+    """Plausible wrong matrices, each computed safely in float64, with what is wrong about it."""
+    g = gate.detach().double()
+    right = _decay_reference(g)
+    L = g.size(-1)
+    lower = torch.ones(L, L, dtype=torch.bool).tril()
+    strictly_upper = ~lower
+    cumulative = g.log().cumsum(dim=-1)
+    return {
+        "the diagonal must be 1: the product runs over the gates *after* key j (j+1 .. t), because key j is written "
+        "after the state was decayed by gate j; your matrix includes gate j (D[t, t] = gate[t])":
+            right * g[..., None, :],
+        "your matrix includes one gate too few: D[t, j] multiplies the gates j+1 .. t, so that D[t, t-1] = gate[t] "
+        "(you stopped at gate t-1)":
+            right / g[..., :, None] * torch.eye(L, dtype=torch.float64).logical_not() + torch.eye(L, dtype=torch.float64),
+        "these are the products from the start of the sequence (gate[0] ... gate[t]) in every column: D[t, j] is the "
+        "product from j+1 to t only, the decay since key j was written":
+            cumulative.exp()[..., :, None].expand(*g.shape, L).masked_fill(strictly_upper, 0.0),
+        "your matrix is transposed: row t belongs to query t and column j to key j, with D[t, j] for j <= t below "
+        "the diagonal":
+            right.transpose(-2, -1),
+        "the entries above the diagonal must be 0 (query t sees no key after it); yours hold the inverse products":
+            (cumulative[..., :, None] - cumulative[..., None, :]).exp(),
+        "the entries above the diagonal must be 0 (query t sees no key after it)":
+            right + strictly_upper.to(torch.float64),
+    }
+
+
+@exercise(
+    "Exercise 2, the decay matrix of gated linear attention",
+    hint="unroll the recurrence: key j reaches query t multiplied by every gate after it, up to and including gate t "
+         "(none on the diagonal); a product of many small gates underflows, so work with sums of logarithms and "
+         "subtract, and put zeros above the diagonal",
+    forbid=("attn_course",),
+)
+def check_decay_matrix(decay_matrix) -> str:
+    generator = rng(13)
+    cases = [  # (shape of gate, dtype, what makes it hard)
+        ((2, 2, 6), torch.float64, "gates in (0.3, 1)"),
+        ((5,), torch.float32, "a single sequence, gates in (0.3, 1)"),
+        ((1, 1, 1), torch.float32, "one token"),
+        ((3, 1, 4), torch.float64, "gates of exactly 1 (no decay)"),
+        ((1, 2, 80), torch.float32, "80 tokens with gates of about 0.05: their product underflows float32"),
+    ]
+    for shape, dtype, note in cases:
+        if "exactly 1" in note:
+            gate = torch.ones(*shape, dtype=dtype)
+        elif "0.05" in note:
+            gate = (0.04 + 0.02 * torch.rand(*shape, generator=generator, dtype=torch.float64)).to(dtype)
+        else:
+            gate = (0.3 + 0.7 * torch.rand(*shape, generator=generator, dtype=torch.float64)).to(dtype)
+        L = shape[-1]
+        what = f"decay_matrix(gate) for gate of shape {shape} ({str(dtype).replace('torch.', '')}, {note})"
+        got = expect_tensor(call(decay_matrix, gate), what=what, shape=(*shape, L), dtype="float")
+        want = _decay_reference(gate)
+        got64 = got.detach().double()
+        if bool(torch.isnan(got64).any()) or bool(torch.isinf(got64).any()):
+            bad = "NaN" if bool(torch.isnan(got64).any()) else "inf"
+            raise Mismatch(f"{what}: your matrix contains {bad}. A running product of 80 gates of 0.05 underflows to 0 "
+                           "in float32, and a ratio of two such products is 0 / 0; add logarithms (a cumulative sum) "
+                           "and exponentiate their differences, or multiply the gates of each range")
+        if not bool(torch.allclose(got64, want, atol=1e-6, rtol=1e-5)):
+            for mistake, wrong in _decay_mistakes(gate).items():
+                if bool(torch.allclose(got64, wrong, atol=1e-6, rtol=1e-5)):
+                    raise Mismatch(f"{what}: {mistake}")
+        expect_close(got, want.to(dtype), what=what)
+    # The matrix does what it is for: ((Q K^T) * D) V equals the gated recurrence S_t = a_t S_{t-1} + k_t v_t^T.
+    q, k, v = (torch.randn(1, 2, 7, n, generator=generator, dtype=torch.float64) for n in (3, 3, 4))
+    gate = 0.3 + 0.7 * torch.rand(1, 2, 7, generator=generator, dtype=torch.float64)
+    S = torch.zeros(1, 2, 3, 4, dtype=torch.float64)
+    recurrent = []
+    for t in range(7):
+        S = gate[:, :, t, None, None] * S + k[:, :, t, :, None] * v[:, :, t, None, :]  # (1, 2, D_k, D_v)
+        recurrent.append((q[:, :, t, None, :] @ S).squeeze(-2))
+    parallel = ((q @ k.transpose(-2, -1)) * call(decay_matrix, gate).double()) @ v  # (1, 2, 7, 4)
+    expect_close(parallel, torch.stack(recurrent, dim=2), what="((Q K^T) * decay_matrix(gate)) V against the recurrence "
+                 "S_t = gate_t S_{t-1} + k_t v_t^T")
+    return ("with your decay matrix, ((Q K^T) * D) V equals the gated recurrence token by token, also where the "
+            "gates' running product underflows float32.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 3: the memory a hybrid model keeps while decoding
+
+QWEN3_NEXT = dict(  # Qwen3-Next-80B-A3B (model card and Hugging Face's Qwen3NextConfig)
+    num_layers=48, full_attention_every=4,  # layers 4, 8, ..., 48 are gated softmax attention: 12 x (3 + 1)
+    num_kv_heads=2, head_dim=256,  # gated attention: 16 query heads, 2 key/value heads of width 256
+    linear_num_value_heads=32, linear_num_key_heads=16, linear_key_dim=128, linear_value_dim=128,  # Gated DeltaNet
+    bytes_per_number=2,  # bfloat16
+)
+
+
+def _memory_parts(config: dict, context_len: int) -> dict:
+    softmax_layers = config["num_layers"] // config["full_attention_every"]
+    linear_layers = config["num_layers"] - softmax_layers
+    b = config["bytes_per_number"]
+    per_cache_layer = 2 * config["num_kv_heads"] * config["head_dim"] * context_len * b  # keys and values
+    per_state_layer = config["linear_num_value_heads"] * config["linear_key_dim"] * config["linear_value_dim"] * b
+    return dict(softmax_layers=softmax_layers, linear_layers=linear_layers, per_cache_layer=per_cache_layer,
+                per_state_layer=per_state_layer)
+
+
+def reference_decoding_memory(config: dict, context_len: int) -> int:
+    """Bytes one sequence keeps while decoding after ``context_len`` tokens: the softmax layers' keys and
+    values and the linear layers' states (the short convolutions' few tokens left out)."""
+    p = _memory_parts(config, context_len)
+    return p["softmax_layers"] * p["per_cache_layer"] + p["linear_layers"] * p["per_state_layer"]
+
+
+_MEMORY_CASES = [  # (config changes, context_len)
+    ({}, 262_144),  # Qwen3-Next at its native context
+    ({}, 0),  # before the first token: only the states
+    ({}, 4_096),
+    (dict(num_layers=10, full_attention_every=4, num_kv_heads=4, head_dim=64, linear_num_value_heads=8,
+          linear_num_key_heads=4, linear_key_dim=32, linear_value_dim=64, bytes_per_number=4), 1_000),  # 10 layers: 2 softmax
+    (dict(num_layers=6, full_attention_every=1, bytes_per_number=4), 512),  # every layer softmax
+    (dict(num_layers=8, full_attention_every=9), 100_000),  # no softmax layer at all
+    (dict(num_layers=24, full_attention_every=3, linear_num_value_heads=8, linear_num_key_heads=8), 3_000),  # 2:1
+]
+
+
+def _memory_mistakes(config: dict, context_len: int) -> dict:
+    p = _memory_parts(config, context_len)
+    right = reference_decoding_memory(config, context_len)
+    cache = p["softmax_layers"] * p["per_cache_layer"]
+    state = p["linear_layers"] * p["per_state_layer"]
+    num_layers, every = config["num_layers"], config["full_attention_every"]
+    first_layer_softmax = math.ceil(num_layers / every)  # layers 1, 1 + every, ...: one too many when it does not divide
+    mistakes = {
+        "the cache holds keys *and* values: 2 numbers per key/value head, head width and token": cache // 2 + state,
+        "the state does not grow with the context: it is D_k x D_v numbers per value head whatever the length":
+            cache + state * context_len,
+        "only every full_attention_every-th layer keeps a cache; the other layers keep a state":
+            num_layers * p["per_cache_layer"] + state,
+        "only every full_attention_every-th layer keeps a cache, and the other layers keep a state of their own "
+        "(you counted a cache in every layer and no state)": num_layers * p["per_cache_layer"],
+        "the layers with a cache keep no state: the linear layers are the other num_layers - num_layers // "
+        "full_attention_every": cache + num_layers * p["per_state_layer"],
+        "each value head keeps its own D_k x D_v state (the key heads are shared by pairs of value heads, like "
+        "grouped-query attention in reverse); you counted the key heads":
+            cache + p["linear_layers"] * config["linear_num_key_heads"] * config["linear_key_dim"]
+            * config["linear_value_dim"] * config["bytes_per_number"],
+        "the softmax layers are the full_attention_every-th, 2 full_attention_every-th, ... (layers 4, 8, ..., 48 of "
+        "Qwen3-Next): num_layers // full_attention_every of them, not one more":
+            first_layer_softmax * p["per_cache_layer"] + (num_layers - first_layer_softmax) * p["per_state_layer"],
+    }
+    return {message: value for message, value in mistakes.items() if value != right}
+
+
+@exercise(
+    "Exercise 3, the memory a hybrid model keeps while decoding",
+    hint="count the softmax layers (every full_attention_every-th) and the others; a softmax layer keeps keys and values "
+         "for every token so far, a linear layer keeps one state per value head whose size does not depend on the "
+         "number of tokens; multiply by the bytes per number",
+)
+def check_decoding_memory(decoding_memory) -> str:
+    for changes, context_len in _MEMORY_CASES:
+        config = dict(QWEN3_NEXT, **changes)
+        shown = ", ".join(f"{key}={value}" for key, value in changes.items()) or "Qwen3-Next's sizes"
+        what = f"decoding_memory(config, context_len={context_len:,}) with {shown}"
+        answer = call(decoding_memory, dict(config), context_len)
+        expected = reference_decoding_memory(config, context_len)
+        number = expect_number(answer, what=what)
+        for unit, size in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30)):
+            if expected and math.isclose(number, expected / size, rel_tol=1e-9):
+                raise Mismatch(f"{what} = {number:,}: that is the answer in {unit}; return it in bytes")
+        got = expect_int(answer, what=what)
+        if got != expected:
+            for message, wrong in _memory_mistakes(config, context_len).items():
+                if got == wrong:
+                    raise Mismatch(f"{what} = {got:,}: {message}")
+        expect(got == expected, f"{what}: expected {expected:,} bytes, got {got:,}")
+    hybrid = reference_decoding_memory(QWEN3_NEXT, 262_144)
+    all_softmax = reference_decoding_memory(dict(QWEN3_NEXT, full_attention_every=1), 262_144)
+    return (f"right. At 262,144 tokens Qwen3-Next keeps {hybrid / 2**30:.2f} GiB per sequence; with gated attention in all "
+            f"48 layers it would keep {all_softmax / 2**30:.0f} GiB.")
