@@ -54,7 +54,7 @@ def grouped_attention(q, k, v, *, mistake=None):
 
 
 def grouped_attention_index(q, k, v, owner=None):
-    """Another way: index the key/value head of each query head (a copy, but not repeat_interleave)."""
+    """Index the key/value head of each query head: a copy per query head, which the exercise asks to avoid."""
     B, H, L, D = q.shape
     owner = torch.arange(H) // (H // k.size(1)) if owner is None else owner
     scores = q @ k[:, owner].transpose(-2, -1) / math.sqrt(D)
@@ -85,6 +85,34 @@ def grouped_attention_einsum(q, k, v):
     scores = torch.einsum("bgqld,bgsd->bgqls", qg, k) / math.sqrt(D)
     scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
     return torch.einsum("bgqls,bgsd->bgqld", scores.softmax(-1), v).reshape(B, H, L, D)
+
+
+def grouped_attention_expand_view(q, k, v):
+    """Another way without a copy: expand (a view) the key/value heads over the group axis, then matmul."""
+    B, H, L, D = q.shape
+    G = k.size(1)
+    kg = k.unsqueeze(2).expand(B, G, H // G, L, D)  # a view: no copy
+    vg = v.unsqueeze(2).expand(B, G, H // G, L, D)
+    scores = q.view(B, G, H // G, L, D) @ kg.transpose(-2, -1) / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return (scores.softmax(-1) @ vg).reshape(B, H, L, D)
+
+
+def grouped_attention_expand_reshape(q, k, v):
+    """expand, then reshape to (B, H, L, D): reshape copies every key/value head to its group."""
+    B, H, L, D = q.shape
+    G = k.size(1)
+    k = k.unsqueeze(2).expand(B, G, H // G, L, D).reshape(B, H, L, D)
+    v = v.unsqueeze(2).expand(B, G, H // G, L, D).reshape(B, H, L, D)
+    return grouped_attention_index(q, k, v, torch.arange(H))
+
+
+def grouped_attention_cat(q, k, v):
+    """torch.cat of each key/value head, H // G times: a copy by another route."""
+    group = q.size(1) // k.size(1)
+    k = torch.cat([k[:, g:g + 1] for g in range(k.size(1)) for _ in range(group)], dim=1)
+    v = torch.cat([v[:, g:g + 1] for g in range(v.size(1)) for _ in range(group)], dim=1)
+    return grouped_attention_index(q, k, v, torch.arange(q.size(1)))
 
 
 def grouped_attention_fixed_sizes(q, k, v):
@@ -178,13 +206,18 @@ def read_in_order_package(buffer, seen):
 def test_right_answers_pass():
     for feedback in (check_gqa_cache_bytes(cache_bytes),
                      check_gqa_cache_bytes(lambda *a: np.prod([2, *[x for x in a[:-1]]]) // a[3] * (a[3] if a[-1] is None else min(a[3], a[-1]))),
-                     check_grouped_attention(grouped_attention), check_grouped_attention(grouped_attention_index),
-                     check_grouped_attention(grouped_attention_einsum),
+                     check_grouped_attention(grouped_attention), check_grouped_attention(grouped_attention_einsum),
+                     check_grouped_attention(grouped_attention_expand_view),
                      check_mean_pool_kv(mean_pool), check_mean_pool_kv(mean_pool_loop), check_receptive_field(receptive_field),
                      check_receptive_field(lambda n, w, s: np.minimum(s, n * (w - 1) + 1)),
                      check_rolling_read(read_in_order), check_rolling_read(read_in_order_index)):
         assert feedback.status == "correct", str(feedback)
         assert bool(feedback)
+
+
+def test_an_answer_for_the_notebooks_sizes_only_fails_on_other_sizes():
+    feedback = check_grouped_attention(grouped_attention_fixed_sizes)
+    assert feedback.status == "error" and "called with q of shape (1, 8, 4, 2)" in feedback.message, str(feedback)
 
 
 def test_float32_grouped_attention_passes():
@@ -219,6 +252,9 @@ def test_float32_grouped_attention_passes():
                                                                           v.repeat(1, q.size(1) // k.size(1), 1, 1),
                                                                           torch.arange(q.size(1))), "repeat"),
         (check_grouped_attention, grouped_attention_in_place, "changed its input `q` in place"),
+        (check_grouped_attention, grouped_attention_index, "made a copy of the keys"),
+        (check_grouped_attention, grouped_attention_expand_reshape, "made a copy of the keys"),
+        (check_grouped_attention, grouped_attention_cat, "made a copy of the keys"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v).long(), "floating-point"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="sum"), "summed"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="strided"), "consecutive"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor, forbidden,
                large_scores, randn, rng)
@@ -103,16 +104,43 @@ def check_grouped_attention(grouped_attention) -> str:
             "key/value head h // (H / G), without a copy of the keys and values per query head.")
 
 
+class _CopyWatch(TorchFunctionMode):
+    """Records whether any torch call of the student's code returned the keys or the values copied to every
+    query head (a (B, H, S, D) tensor equal to k or v repeated in place): by indexing, expand + reshape,
+    cat, or anything else."""
+
+    def __init__(self, copies: dict) -> None:
+        super().__init__()
+        self.copies, self.found = copies, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if self.found is None and isinstance(result, torch.Tensor):
+            for name, copy in self.copies.items():
+                if result.shape == copy.shape and result.dtype == copy.dtype and torch.equal(result.detach(), copy):
+                    self.found = name
+        return result
+
+
 def _check_grouped_case(grouped_attention, q, k, v) -> None:
     B, H, L, D = q.shape
     G = k.size(1)
     what = f"grouped_attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, {q.dtype})"
+    group = H // G
+    # (With one query, the right output itself is the values copied per head: nothing to watch then.)
+    copies = {"keys": k.repeat_interleave(group, dim=1), "values": v.repeat_interleave(group, dim=1)} \
+        if group > 1 and L > 1 else {}
     with forbidden(torch.repeat_interleave, torch.Tensor.repeat, torch.tile,
                    reason="this exercise asks for the grouping without copying the key/value heads (section 2 "
-                          "copied them); give the queries a group axis and let the keys broadcast"):
+                          "copied them); give the queries a group axis and let the keys broadcast"), \
+            _CopyWatch(copies) as watch:
         got = call(grouped_attention, q, k, v)
+    if watch.found is not None:
+        raise Mismatch(f"{what}: your code made a copy of the {watch.found} for every query head (a tensor of shape "
+                       f"{(B, H, L, D)}, each key/value head repeated {group} times); this exercise asks for the "
+                       "grouping without it: give the queries a group axis and let the one key/value head of each "
+                       "group broadcast")
     got = expect_tensor(got, what=what, shape=(B, H, L, D), dtype="float", device=q)
-    group = H // G
     owner = torch.arange(H) // group  # query head h reads key/value head h // (H / G)
     expected = _causal_grouped(q, k, v, owner)
     close = lambda wrong: torch.allclose(got.detach().double().cpu(), wrong, atol=1e-5, equal_nan=True)  # noqa: E731
