@@ -1341,12 +1341,13 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
                     name_at="above", shape=shp("S", "D"), shape_at="left" if False else "below", height=hH)
         for j, word in enumerate(words):
             d.text(x0 - 0.06, H.y0 + (j + 0.5) * row_h, word, size=_SMALL_PT, colour=INK, ha="right")
-        first = "summary c" if kind == "none" else "summary c, the first state s₋₁"
-        c = vector(d, (H.center[0], H.y1 + 0.75), D, "state", first, "D", at="below")
-        d.arrow((H.center[0], H.y1 + 0.38), c.top, label="[→hₛ₋₁; ←h₀]", label_at="right")
+        # Every decoder starts from s₋₁ = c, the one without attention too. (Unicode has no subscript capital S,
+        # so the forward state at position S - 1 is written h_(S−1), as the chapter's printed text does.)
+        c = vector(d, (H.center[0], H.y1 + 0.75), D, "state", "summary c, the first state s₋₁", "D", at="below")
+        d.arrow((H.center[0], H.y1 + 0.38), c.top, label="[→h_(S−1); ←h₀]", label_at="right")
         steps = [f"the encoder's states H {shp.alt('S', 'D')}, one row hⱼ per source token, and the summary c "
-                 f"{shp.alt('D')}, the forward state at the last token and the backward state at the first"
-                 + ("" if kind == "none" else ", which is the decoder's first state s₋₁")]
+                 f"{shp.alt('D')}, the forward state at the last token and the backward state at the first, "
+                 "which is the decoder's first state s₋₁"]
         x_b = H.x1 + 0.4 + 0.95  # the attention column's centre
         x_c = x_b + 1.15 + wD / 2 if kind != "none" else H.x1 + 0.9 + wD / 2  # the recurrent column's centre
 
