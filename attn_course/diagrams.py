@@ -752,7 +752,7 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
                    simple: bool = False, scale: bool = True, mask=None, window: int | None = None,
                    padding: int | None = None, bias: str | None = None, rotary: bool = False,
                    names: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
-                   shapes: str = "both", legend: bool = False):
+                   shapes: str = "both", legend: bool = False, weights=None):
     """Attention's data flow: X -> Q, K, V -> scores -> (scale, mask, bias) -> softmax -> weights -> @V -> output.
 
     Chapters 02 (``simple=True``: Q = K = V = X), 03 (projections and the scale), 04 (``mask``),
@@ -775,6 +775,9 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
         labels: other names for the blocks X, Q, K, V, QKᵀ, M, A, O, e.g. ``{"A": "α"}``.
         shapes: "both" (symbols over sizes), "numbers" or "symbols".
         legend: add a row naming the colours.
+        weights: the (L, S) attention weights to shade the weights block A with (a tensor or an array;
+            L, S <= CAP), so that the picture shows the chapter's own numbers; by default an
+            illustrative pattern (zero where the mask blocks).
 
     Returns:
         The ``Figure``; its alt text is ``fig.attn_alt``.
@@ -796,6 +799,13 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
     if padding >= S and isinstance(mask, str) and "padding" in mask:
         raise ValueError(f"padding must leave at least one real key, got padding={padding} with S={S}")
     allowed, mask_words = (None, "") if mask is None else _mask_grid(mask, L, S, window, padding)
+    if weights is not None:
+        if hasattr(weights, "detach"):
+            weights = weights.detach().cpu().numpy()
+        weights = np.asarray(weights, dtype=float)
+        if weights.shape != (L, S) or L > CAP or S > CAP or not np.isfinite(weights).all() or (weights < 0).any():
+            raise ValueError(f"weights must be finite, non-negative (L, S) = {(L, S)} attention weights with L, S <= "
+                             f"{CAP}, got shape {weights.shape}")
     if names is not None and not isinstance(names, Mapping):
         raise TypeError(f"names must be a mapping such as {{'L': 'T'}}, got {type(names).__name__}")
     names = dict(names or {})
@@ -867,7 +877,8 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
             y += 0.42
         y_a = max(y - 0.1 + f, side_bottom + 0.3 + f) + d.ext(L) / 2
         a = d.block((s.center[0], y_a), L, S, role="weight", name=lab("A"), shape=sx("L", "S"), shape_at="left",
-                    values=_demo_weights(min(L, CAP), min(S, CAP), allowed), depth=depth)
+                    values=_demo_weights(min(L, CAP), min(S, CAP), allowed) if weights is None else weights,
+                    depth=depth)
         d.arrow(prev, a.top)
         steps.append(f"a softmax along each row gives the weights {lab('A')} {shp.alt(*lead, 'L', 'S')}"
                      + (", zero where the mask blocks" if mask is not None else ""))

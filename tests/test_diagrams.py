@@ -184,6 +184,23 @@ def test_weights_are_shaded_like_the_heatmaps_and_masks_in_the_mask_colours():
     plt.close(fig)
 
 
+def test_attention_flow_shades_the_weights_it_is_given():
+    # The chapter's own weights, not the illustrative pattern (reviews of chapters 03 and 04).
+    weights = torch.softmax(torch.randn(2, 5, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
+    fig = dg.attention_flow(L=2, S=5, D=3, projections=False, weights=weights)
+    cells = patches(fig, "cell:weight:A")
+    assert len(cells) == 10
+    cmap = colormaps[dg.WEIGHT_CMAP]
+    xs, ys = sorted({round(c.get_x(), 6) for c in cells}), sorted({round(c.get_y(), 6) for c in cells})
+    for c in cells:
+        i, j = ys.index(round(c.get_y(), 6)), xs.index(round(c.get_x(), 6))
+        assert np.allclose(c.get_facecolor(), cmap(float(weights[i, j] / weights.max())))
+    plt.close(fig)
+    for bad in (torch.ones(3, 5), -torch.ones(2, 5), torch.full((2, 5), float("nan"))):
+        with pytest.raises(ValueError, match="weights"):
+            dg.attention_flow(L=2, S=5, D=3, projections=False, weights=bad)
+
+
 def _grid(cells):
     """The drawn cells as a boolean grid: True where the cell has the mask's "may attend" colour."""
     xs, ys = sorted({round(c.get_x(), 6) for c in cells}), sorted({round(c.get_y(), 6) for c in cells})
