@@ -177,6 +177,29 @@ def softmax_half(s):  # the shift is right, but computed in float16
     return (e / e.sum(-1, keepdim=True)).float()
 
 
+# The answers the second review found accepted (reviews/chapter-02.md): a library softmax hidden inside another
+# library function.
+def softmax_through_sdpa(s):  # identity keys and values: the attention weights are softmax(s)
+    S = s.size(-1)
+    eye = torch.eye(S, dtype=s.dtype).expand(*s.shape[:-1], S, S)
+    return F.scaled_dot_product_attention(s.unsqueeze(-2), eye, eye, scale=1.0).squeeze(-2)
+
+
+def softmax_through_cross_entropy(s):  # exp(-cross_entropy) with every target is the softmax
+    flat = s.reshape(-1, s.size(-1))
+    n, S = flat.shape
+    columns = [torch.exp(-F.cross_entropy(flat, torch.full((n,), j), reduction="none")) for j in range(S)]
+    return torch.stack(columns, -1).reshape(s.shape)
+
+
+def softmax_categorical(s):
+    return torch.distributions.Categorical(logits=s).probs
+
+
+def softmax_normalize(s):  # another correct formulation: F.normalize with p=1
+    return F.normalize(torch.exp(s - s.amax(-1, keepdim=True)), p=1, dim=-1)
+
+
 # --- Exercise 2: simple self-attention for a batch ------------------------------------------------
 
 def batched_right(x):
@@ -257,16 +280,45 @@ def batched_context_wrong_order(x):
     return w.transpose(-2, -1) @ x, w
 
 
+def batched_python_loop(x):  # right values, but one sentence at a time
+    w = torch.stack([torch.softmax(x[b] @ x[b].T, dim=-1) for b in range(x.shape[0])])
+    return w @ x, w
+
+
+def batched_unbind_loop(x):  # the same loop over x.unbind(0)
+    pairs = [(torch.softmax(s @ s.T, -1) @ s, torch.softmax(s @ s.T, -1)) for s in x.unbind(0)]
+    return torch.stack([c for c, _ in pairs]), torch.stack([w for _, w in pairs])
+
+
+def batched_vmap(x):  # another correct formulation: vmap runs the one-sentence code on the whole batch at once
+    def one(s):
+        w = torch.softmax(s @ s.T, dim=-1)
+        return w @ s, w
+    return torch.vmap(one)(x)
+
+
+def batched_mT(x):  # and another
+    w = torch.softmax(x @ x.mT, dim=-1)
+    return w @ x, w
+
+
 # --- Exercise 3: attention that skips itself -------------------------------------------------------
 
 def without_self_right(x):
     T = x.size(-2)
-    scores = (x @ x.transpose(-2, -1)).masked_fill(torch.eye(T, dtype=torch.bool), float("-inf"))
+    scores = (x @ x.transpose(-2, -1)).masked_fill(torch.eye(T, dtype=torch.bool, device=x.device), float("-inf"))
     w = torch.softmax(scores, dim=-1)
     return w @ x, w
 
 
-def without_self_renormalised(x):  # another correct formulation: zero the diagonal, then renormalise
+def without_self_renormalised(x):  # zero the diagonal, then renormalise: 0 / 0 where the own score dominates
+    keep = ~torch.eye(x.size(-2), dtype=torch.bool, device=x.device)
+    w = torch.softmax(x @ x.transpose(-2, -1), dim=-1) * keep
+    w = w / w.sum(dim=-1, keepdim=True)
+    return w @ x, w
+
+
+def without_self_renormalised_float_eye(x):  # the same with a float32 identity: float16 inputs crash
     T = x.size(-2)
     w = torch.softmax(x @ x.transpose(-2, -1), dim=-1) * (1 - torch.eye(T))
     w = w / w.sum(dim=-1, keepdim=True)
@@ -332,6 +384,71 @@ def without_self_batch_axis(x):
     n = x.size(0)  # right for one sentence (T, E), wrong for a batch (B, T, E)
     scores = (x @ x.transpose(-2, -1)).masked_fill(torch.eye(n, dtype=torch.bool), float("-inf"))
     w = torch.softmax(scores, dim=-1)
+    return w @ x, w
+
+
+# The answers the second review found accepted (reviews/chapter-02.md), and their relatives.
+def _itself(x):
+    return torch.eye(x.size(-2), dtype=torch.bool, device=x.device)
+
+
+def without_self_fill(value):
+    def answer(x):
+        w = torch.softmax((x @ x.transpose(-2, -1)).masked_fill(_itself(x), value), dim=-1)
+        return w @ x, w
+    answer.__name__ = f"without_self_fill_{value:g}".replace("-", "minus_").replace("+", "")
+    return answer
+
+
+def without_self_penalty(x):  # subtracts 50 from each token's score with itself
+    w = torch.softmax(x @ x.transpose(-2, -1) - 50.0 * _itself(x).to(x.dtype), dim=-1)
+    return w @ x, w
+
+
+def without_self_finfo_float32(x):  # the smallest float32 written in: float16 has no such number
+    scores = x @ x.transpose(-2, -1)
+    w = torch.softmax(scores.masked_fill(_itself(x), torch.finfo(torch.float32).min), dim=-1)
+    return w @ x, w
+
+
+def without_self_finfo(x):  # another correct formulation: the smallest number of the scores' own dtype
+    scores = x @ x.transpose(-2, -1)
+    w = torch.softmax(scores.masked_fill(_itself(x), torch.finfo(scores.dtype).min), dim=-1)
+    return w @ x, w
+
+
+def without_self_where(x):  # and another
+    w = torch.softmax(torch.where(_itself(x), float("-inf"), x @ x.transpose(-2, -1)), dim=-1)
+    return w @ x, w
+
+
+def without_self_positions(x):  # and another: compare the query's index with the key's
+    i = torch.arange(x.size(-2), device=x.device)
+    w = torch.softmax((x @ x.transpose(-2, -1)).masked_fill(i[:, None] == i[None, :], float("-inf")), dim=-1)
+    return w @ x, w
+
+
+def without_self_eye_times_inf(x):  # 0 * -inf is NaN off the diagonal
+    w = torch.softmax(x @ x.transpose(-2, -1) + torch.eye(x.size(-2)) * float("-inf"), dim=-1)
+    return w @ x, w
+
+
+def without_self_same_vector(x):  # hides every token equal to the query, not the query's own position
+    same = (x.unsqueeze(-2) == x.unsqueeze(-3)).all(-1)  # (..., T, T)
+    w = torch.softmax((x @ x.transpose(-2, -1)).masked_fill(same, float("-inf")), dim=-1)
+    return w @ x, w
+
+
+def without_self_cpu_mask(x):  # the mask is made on the CPU whatever x's device
+    w = torch.softmax((x @ x.transpose(-2, -1)).masked_fill(torch.eye(x.size(-2), dtype=torch.bool),
+                                                           float("-inf")), dim=-1)
+    return w @ x, w
+
+
+def without_self_diag_embed_float32(x):  # a float32 matrix of -inf on the diagonal, added to the scores
+    T = x.size(-2)
+    minus_inf = torch.diag_embed(torch.full((T,), float("-inf"), device=x.device)).nan_to_num(nan=0.0, posinf=0.0)
+    w = torch.softmax(x @ x.transpose(-2, -1) + minus_inf, dim=-1)
     return w @ x, w
 
 
@@ -468,6 +585,26 @@ def shuffled_package(context, weights, order):  # recomputes attention from the 
     return ac.simple_self_attention(context[order])
 
 
+
+def shuffled_grid(context, weights, order):  # another correct formulation: an open grid of indices
+    index = torch.as_tensor(order, dtype=torch.long)
+    return context[index], weights[index[:, None], index[None, :]]
+
+
+def shuffled_recompute(context, weights, order):  # recovers x from context = weights @ x, then attends again
+    x = torch.linalg.solve(weights.double(), context.double()).float()
+    xs = x[torch.as_tensor(order, dtype=torch.long)]
+    w = torch.softmax(xs @ xs.T, dim=-1)
+    return w @ xs, w
+
+
+def shuffled_recompute_exp(context, weights, order):  # the same with a softmax written out
+    x = torch.linalg.solve(weights.double(), context.double()).float()
+    xs = x[torch.as_tensor(order, dtype=torch.long)]
+    e = (xs @ xs.T - (xs @ xs.T).amax(-1, keepdim=True)).exp()
+    w = e / e.sum(-1, keepdim=True)
+    return w @ xs, w
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_stable_softmax, softmax_right, "correct", "any shape"),
@@ -500,6 +637,12 @@ CASES = [
     (check_stable_softmax, softmax_float64, "correct", "any shape"),
     (check_stable_softmax, softmax_matrix_only, "incorrect", "axis 1"),
     (check_stable_softmax, softmax_half, "incorrect", "values differ"),
+    (check_stable_softmax, softmax_through_sdpa, "incorrect",
+     "you called torch.nn.functional.scaled_dot_product_attention: it computes a softmax inside"),
+    (check_stable_softmax, softmax_through_cross_entropy, "incorrect",
+     "you called torch.nn.functional.cross_entropy: it computes a softmax inside"),
+    (check_stable_softmax, softmax_categorical, "incorrect", "you called torch.nn.functional.softmax"),
+    (check_stable_softmax, softmax_normalize, "correct", "any shape"),
     (check_batched_self_attention, batched_right, "correct", "every sequence"),
     (check_batched_self_attention, batched_einsum, "correct", "every sequence"),
     (check_batched_self_attention, batched_bmm_permute, "correct", "every sequence"),
@@ -516,8 +659,13 @@ CASES = [
     (check_batched_self_attention, batched_no_softmax, "incorrect", "values differ"),
     (check_batched_self_attention, batched_first_only, "incorrect", "values differ"),
     (check_batched_self_attention, batched_context_wrong_order, "incorrect", "context"),
+    (check_batched_self_attention, batched_python_loop, "incorrect", "a Python loop over the batch"),
+    (check_batched_self_attention, batched_unbind_loop, "incorrect", "a Python loop over the batch"),
+    (check_batched_self_attention, batched_vmap, "correct", "every sequence"),
+    (check_batched_self_attention, batched_mT, "correct", "every sequence"),
     (check_attention_without_self, without_self_right, "correct", "no token attends to itself"),
-    (check_attention_without_self, without_self_renormalised, "correct", "no token attends to itself"),
+    (check_attention_without_self, without_self_renormalised, "incorrect", "0 / 0"),
+    (check_attention_without_self, without_self_renormalised_float_eye, "incorrect", "without dtype="),
     (check_attention_without_self, without_self_plain, "incorrect", "plain self-attention"),
     (check_attention_without_self, without_self_zero_score, "incorrect", "A score of 0 is not enough"),
     (check_attention_without_self, without_self_after_softmax, "incorrect", "after the softmax"),
@@ -526,8 +674,21 @@ CASES = [
     (check_attention_without_self, without_self_inverted, "incorrect", "inverted"),
     (check_attention_without_self, without_self_old_context, "incorrect", "plain self-attention's context"),
     (check_attention_without_self, without_self_batch_axis, "error", "called with x of shape (3, 2, 4)"),
-    (check_attention_without_self, without_self_T_written_in, "error", "called with x of shape (3, 2, 4)"),
+    (check_attention_without_self, without_self_T_written_in, "error", "called with x of shape (4, 4)"),
     (check_attention_without_self, without_self_in_place, "correct", "no token attends to itself"),
+    (check_attention_without_self, without_self_fill(-30.0), "incorrect", "only minus infinity"),
+    (check_attention_without_self, without_self_fill(-100.0), "incorrect", "only minus infinity"),
+    (check_attention_without_self, without_self_penalty, "incorrect", "only minus infinity"),
+    (check_attention_without_self, without_self_fill(-1e9), "incorrect", "-1e9 does not exist in float16"),
+    (check_attention_without_self, without_self_finfo_float32, "incorrect", "does not exist in float16"),
+    (check_attention_without_self, without_self_fill(-1e4), "incorrect", "a finite number is not below every score"),
+    (check_attention_without_self, without_self_eye_times_inf, "incorrect", "0 × (−inf) = NaN"),
+    (check_attention_without_self, without_self_same_vector, "incorrect", "not the query's own position"),
+    (check_attention_without_self, without_self_cpu_mask, "incorrect", "on the input's device"),
+    (check_attention_without_self, without_self_diag_embed_float32, "incorrect", "without dtype="),
+    (check_attention_without_self, without_self_finfo, "correct", "no token attends to itself"),
+    (check_attention_without_self, without_self_where, "correct", "no token attends to itself"),
+    (check_attention_without_self, without_self_positions, "correct", "no token attends to itself"),
     (check_cosine_self_attention, cosine_right, "correct", "directions"),
     (check_cosine_self_attention, cosine_normalize, "correct", "directions"),
     (check_cosine_self_attention, cosine_similarity_fn, "correct", "directions"),
@@ -553,6 +714,10 @@ CASES = [
     (check_shuffled_attention, shuffled_in_place, "incorrect", "in place"),
     (check_shuffled_attention, shuffled_T_written_in, "incorrect", "T=7"),
     (check_shuffled_attention, shuffled_package, "incorrect", "you called attn_course.simple_self_attention"),
+    (check_shuffled_attention, shuffled_grid, "correct", "does not see word order"),
+    (check_shuffled_attention, shuffled_recompute, "incorrect", "you called torch.softmax: this exercise asks you to "
+                                                                "move the numbers you are given"),
+    (check_shuffled_attention, shuffled_recompute_exp, "incorrect", "without computing attention again"),
 ]
 
 

@@ -3,20 +3,30 @@
 Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and
 names the mistake when it recognises one; the table of those mistakes is in
 tests/test_exercises_ch02.py. They use the shared mechanism of ``attn_course.exercises``: library
-softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``), the package's and torch's
-attention in exercise 2, inputs watched for changes in place, sizes unlike the notebook's
-(``other_sizes``) and scores near +-100 in float32 (``large_scores``); in exercise 5, orders given as a
-tensor, a list or a numpy array of integers.
+softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``, and the routes that hide a
+softmax inside: torch's attention, ``cross_entropy``), the package's and torch's attention in exercise 2,
+a softmax (or ``exp``) in exercise 5, which moves numbers instead of computing them again; inputs
+watched for changes in place, sizes unlike the notebook's (``other_sizes``) and scores near +-100 in
+float32 (``large_scores``); in exercise 2, a Python loop over the batch (the number of torch calls must
+not grow with the batch); in exercise 3, a diagonal that is exactly 0 also where finite fills lose
+(scores near -100 and near -1e32), a repeated word, float16, and one more case on another device
+(:func:`_other_device`: the GPU, else PyTorch's meta device); in exercise 5, orders given as a tensor,
+a list or a numpy array of integers.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from ..simple import simple_self_attention
-from . import (Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, large_scores,
-               other_sizes, randn, rng)
+from . import (Mismatch, call, exercise, expect, expect_close, expect_same_device, expect_sequence, expect_tensor,
+               forbidden, large_scores, other_sizes, randn, rng)
+from ._core import _StudentCodeFailed
 
 __all__ = [
     "check_stable_softmax",
@@ -28,8 +38,9 @@ __all__ = [
 
 
 def _rows_sum_to_one(weights: torch.Tensor) -> bool:
+    atol = 2e-3 if weights.dtype in (torch.float16, torch.bfloat16) else 1e-5  # a row of half-precision weights
     w = weights.detach().double()
-    return bool(torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=1e-5))
+    return bool(torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=atol))
 
 
 def _columns_sum_to_one(weights: torch.Tensor) -> bool:
@@ -41,6 +52,9 @@ def _pair(result, what: str):
     return expect_sequence(result, what=what, names=("context", "weights"))
 
 
+_HIDDEN_SOFTMAX = "it computes a softmax inside, and this exercise asks you to write the softmax yourself"
+
+
 @exercise(
     "Exercise 1, a softmax that does not overflow",
     hint="subtract each row's own maximum before exponentiating (a maximum over the last axis that keeps "
@@ -49,7 +63,8 @@ def _pair(result, what: str):
 )
 def check_stable_softmax(stable_softmax) -> str:
     def run(scores: torch.Tensor, what: str) -> torch.Tensor:
-        got = expect_tensor(call(stable_softmax, scores), what=what, shape=scores.shape, dtype="float")
+        with forbidden("sdpa", F.cross_entropy, reason=_HIDDEN_SOFTMAX):
+            got = expect_tensor(call(stable_softmax, scores), what=what, shape=scores.shape, dtype="float")
         want = torch.softmax(scores, dim=-1)
         flat = got.detach().double()
         if bool(torch.isfinite(flat).all()) and bool(torch.allclose(flat, flat[..., :1].expand_as(flat), atol=1e-6)) \
@@ -170,7 +185,34 @@ def check_batched_self_attention(batched_self_attention) -> str:
         expected_context, expected_weights = simple_self_attention(other)
         expect_close(got[1], expected_weights, what=f"weights for x of shape {shape}")
         expect_close(got[0], expected_context, what=f"context for x of shape {shape}")
+    # Without a Python loop over the batch: batched matrix products make as many torch calls for B = 8 as for B = 1.
+    calls = {size: _torch_calls(batched_self_attention, randn(size, 4, 3, generator=generator)) for size in (1, 8)}
+    if calls[8] > calls[1]:
+        raise Mismatch(f"your function makes more torch calls for a bigger batch ({calls[1]} for B=1, {calls[8]} for "
+                       "B=8): a Python loop over the batch, which the exercise asks you to do without. Matrix "
+                       "products (@, torch.matmul) and the softmax work on every sequence of a (B, T, E) tensor at "
+                       "once")
     return "both the weights (B, T, T) and the context vectors (B, T, E) are right for every sequence in the batch."
+
+
+class _CountCalls(TorchFunctionMode):
+    """Counts the torch calls made from Python while it is in force (functions, Tensor methods, indexing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _torch_calls(fn, *args) -> int:
+    """How many torch calls ``call(fn, *args)`` makes (its own copies and comparisons of the inputs included:
+    they do not depend on the batch)."""
+    with _CountCalls() as counter:
+        call(fn, *args)
+    return counter.calls
 
 
 def _without_self(x: torch.Tensor):
@@ -180,11 +222,142 @@ def _without_self(x: torch.Tensor):
     return weights @ x, weights  # (..., T, E)
 
 
+def _shown(values) -> list:
+    """Weights for a message: three decimals, or two significant digits when tiny but not 0."""
+    return [f"{v:.1e}" if 0 < abs(v) < 1e-3 else round(v, 3) for v in values]
+
+
+# --- Another device -------------------------------------------------------------------------------
+
+def _other_device() -> torch.device:
+    """Where exercise 3 tries the answer once more: the notebook's GPU when there is one (CUDA, then Apple's
+    MPS), else PyTorch's "meta" device, which has shapes and dtypes but no values. A mask made without
+    ``device=`` lives on the CPU, and mixing it with the inputs fails on meta as it does on a GPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("meta")
+
+
+class _NoData(RuntimeError):
+    """A NotImplementedError raised on the meta device ("Cannot copy out of meta tensor; no data!"): passed
+    on as an error, not taken for the scaffold's ``raise NotImplementedError``."""
+
+
+def _call_elsewhere(fn, x: torch.Tensor, what: str):
+    """``call(fn, x)`` with ``x`` on another device. Returns the result, or None when the meta device cannot
+    tell (the answer needed values: an ``if`` on a tensor, ``.item()``, ``.tolist()``)."""
+    device = x.device
+
+    @functools.wraps(fn)
+    def answer(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NotImplementedError as error:
+            if device.type == "meta":
+                raise _NoData(str(error)) from None
+            raise
+
+    try:
+        return call(answer, x)
+    except _StudentCodeFailed as failed:
+        error, text = failed.error, str(failed.error)
+        lowered = text.lower()
+        # A CPU tensor met the inputs ("... on the expected device cpu", "found ... cuda:0 and cpu"), or data was
+        # copied out of a meta tensor. Other errors of the meta device are not the student's: it refuses a
+        # 0-dimensional CPU value in masked_fill, which CUDA accepts.
+        if ("device" in lowered and "cpu" in lowered) or (isinstance(error, _NoData) and "copy" in lowered):
+            note = (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
+                    if device.type == "meta" else "")
+            raise Mismatch(f"{what}: your code raised {type(error).__name__}: {text.splitlines()[0] if text else ''}"
+                           f"{note}. It works only with CPU tensors: a tensor made without device= (torch.eye, "
+                           "torch.ones, torch.full ...) lives on the CPU, whatever the input's device. Make the mask "
+                           "on the input's device (device=x.device)") from None
+        if device.type == "meta":
+            return None
+        raise
+
+
+# --- Exercise 3 -----------------------------------------------------------------------------------
+
+def _diagnose_without_self(weights, x: torch.Tensor, what: str) -> None:
+    """Name the usual mistakes of exercise 3 on the weights of ``x`` (T, E), before any comparison of values."""
+    T = x.size(-2)
+    w = weights.detach().double()
+    eye = torch.eye(T, dtype=torch.bool)
+    off_diagonal = ~eye
+    scores = (x @ x.transpose(-2, -1)).double()  # (T, T)
+    plain = torch.softmax(scores, dim=-1)
+    expected = _without_self(x.double())[1]
+    if bool(torch.isnan(w).any()):
+        renormalised = torch.softmax(x @ x.transpose(-2, -1), dim=-1) * off_diagonal  # in the input's dtype
+        renormalised = renormalised / renormalised.sum(-1, keepdim=True)
+        if torch.equal(torch.isnan(w), torch.isnan(renormalised)):
+            rows = sorted({int(i) for i in torch.isnan(w).nonzero()[:, 0]})
+            raise Mismatch(f"{what}: rows {rows} are NaN. You zeroed the diagonal after the softmax and divided by "
+                           "what was left, but where a token's own score is far above the others, its weights on "
+                           "them had already rounded to 0 (in float32, any weight below about 1e-45, e^-103), so "
+                           "the row became 0 / 0. Give the diagonal's scores minus infinity before the softmax: the "
+                           "other weights are then computed from their own scores")
+        if bool(torch.isnan(w[off_diagonal]).all()):
+            raise Mismatch(f"{what}: every weight is NaN. Multiplying the identity matrix by minus infinity gives "
+                           "0 × (−inf) = NaN off the diagonal, and one NaN score makes its whole row NaN: put minus "
+                           "infinity on the diagonal only, with masked_fill (or torch.where)")
+        raise Mismatch(f"{what}: your weights contain NaN at {int(torch.isnan(w).sum())} place(s)")
+    if torch.allclose(w, plain, atol=1e-5):
+        raise Mismatch(f"{what}: these are plain self-attention's weights; each token must give its own position "
+                       "weight 0")
+    wrongly_zero = (w == 0) & (expected > 0)  # positions that must keep a weight
+    diagonal = torch.diagonal(w)
+    if not bool((diagonal == 0).all()):
+        shown = _shown(diagonal.tolist())
+        if bool((w[off_diagonal] == 0).all()):
+            raise Mismatch(f"{what}: every token attends only to itself (diagonal {shown}): your mask is inverted; "
+                           "hide the diagonal and keep every other position")
+        if bool(wrongly_zero.any()):
+            hidden = [tuple(int(i) for i in p) for p in wrongly_zero.nonzero()[:4]]
+            raise Mismatch(f"{what}: the diagonal must be exactly 0, got {shown}, while you hid other positions "
+                           f"(query, key) = {hidden}...: hide the positions where query and key are the same token, "
+                           "those of a boolean identity matrix of size T")
+        zero_score = torch.softmax(scores.masked_fill(eye, 0.0), dim=-1)
+        if torch.allclose(w, zero_score, atol=1e-5):
+            raise Mismatch(f"{what}: the diagonal must be exactly 0 (no token attends to itself); got {shown}. "
+                           "A score of 0 is not enough, since exp(0) = 1: use float('-inf')")
+        if bool((diagonal < 1e-2).all()):
+            raise Mismatch(f"{what}: the diagonal must be exactly 0 (no token attends to itself); got {shown}. A "
+                           "large negative score (or a large penalty) still has an exponential, a small weight that "
+                           "is not 0, and it wins wherever the other scores are lower still: only minus infinity, "
+                           "float('-inf'), is below every score and gives exactly 0")
+        raise Mismatch(f"{what}: the diagonal must be exactly 0 (no token attends to itself); got {shown}")
+    if not _rows_sum_to_one(weights):
+        if torch.allclose(w[off_diagonal], plain[off_diagonal], atol=1e-5):
+            raise Mismatch(f"{what}: you zeroed the diagonal after the softmax, so the rows no longer sum to one "
+                           "(they lost the weight each token gave itself). Mask the score before the softmax")
+        raise Mismatch(f"{what}: each row must sum to one; got row sums {[round(v, 4) for v in w.sum(-1).tolist()]}")
+    if bool(wrongly_zero.any()):
+        same_vector = (x.unsqueeze(-2) == x.unsqueeze(-3)).all(-1) & off_diagonal  # (T, T): other tokens equal to it
+        if bool(same_vector.any()) and torch.equal(wrongly_zero, same_vector):
+            pairs = [tuple(int(i) for i in p) for p in same_vector.nonzero()[:4]]
+            raise Mismatch(f"{what}: you hid every token whose vector equals the query's, not the query's own "
+                           f"position: the repeated word's two copies hid each other, (query, key) = {pairs}. Hide "
+                           "by position, where the query's index equals the key's index")
+        hidden = [tuple(int(i) for i in p) for p in wrongly_zero.nonzero()[:4]]
+        raise Mismatch(f"{what}: only the diagonal may be zero; every other token keeps a positive weight, but you "
+                       f"gave 0 to (query, key) = {hidden}")
+
+
+def _apart(length: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Two tokens of the given length pointing apart: scores +length² with themselves, -length² with each other."""
+    return torch.tensor([[length, 0.0], [-length, 0.0]], dtype=dtype)
+
+
 @exercise(
     "Exercise 3, attention that skips itself",
-    hint="hide the diagonal, where query and key are the same token (a boolean identity matrix of size T), by "
-         "giving those scores minus infinity before the softmax over the keys; then take the context with the "
-         "new weights",
+    hint="hide the diagonal, where query and key are the same token (a boolean identity matrix of size T, made on "
+         "the input's device), by giving those scores minus infinity before the softmax over the keys; then take the "
+         "context with the new weights",
 )
 def check_attention_without_self(attention_without_self) -> str:
     generator = rng(4)
@@ -193,40 +366,65 @@ def check_attention_without_self(attention_without_self) -> str:
     what = "weights for x of shape (T=5, E=3)"
     context, weights = _pair(call(attention_without_self, x), "attention_without_self(x)")
     weights = expect_tensor(weights, what=what, shape=(5, 5))
-    w = weights.detach().double()
-    _, plain = simple_self_attention(x)
-    if torch.allclose(w, plain.double(), atol=1e-5):
-        raise Mismatch(f"{what}: these are plain self-attention's weights; each token must give its own position "
-                       "weight 0")
-    diagonal = torch.diagonal(w)
-    off_diagonal = ~torch.eye(5, dtype=torch.bool)
-    if not bool((diagonal.abs() < 1e-6).all()):
-        shown = [round(v, 3) for v in diagonal.tolist()]
-        if bool((w[off_diagonal] == 0).all()):
-            raise Mismatch(f"{what}: every token attends only to itself (diagonal {shown}): your mask is inverted; "
-                           "hide the diagonal and keep every other position")
-        if bool((w[off_diagonal] == 0).any()):
-            hidden = [tuple(int(i) for i in p) for p in ((w == 0) & off_diagonal).nonzero()[:4]]
-            raise Mismatch(f"{what}: the diagonal must be exactly 0, got {shown}, while you hid other positions "
-                           f"(query, key) = {hidden}...: hide the positions where query and key are the same token, "
-                           "torch.eye(T, dtype=torch.bool)")
-        raise Mismatch(f"{what}: the diagonal must be exactly 0 (no token attends to itself); got {shown}. "
-                       "A score of 0 is not enough, since exp(0) = 1: use float('-inf')")
-    if not _rows_sum_to_one(w):
-        if torch.allclose(w[off_diagonal], plain.double()[off_diagonal], atol=1e-5):
-            raise Mismatch(f"{what}: you zeroed the diagonal after the softmax, so the rows no longer sum to one "
-                           "(they lost the weight each token gave itself). Mask the score before the softmax, "
-                           "or renormalise")
-        raise Mismatch(f"{what}: each row must sum to one; got row sums {[round(v, 4) for v in w.sum(-1).tolist()]}")
-    if not bool((w[off_diagonal] > 0).all()):
-        raise Mismatch(f"{what}: only the diagonal may be zero; every other token keeps a positive weight")
+    _diagnose_without_self(weights, x, what)
     expected_context, expected_weights = _without_self(x)
     expect_close(weights, expected_weights, what=what)
     context = expect_tensor(context, what="context for x of shape (T=5, E=3)", shape=(5, 3))
+    _, plain = simple_self_attention(x)
     if torch.allclose(context.detach().double(), (plain @ x).double(), atol=1e-5):
         raise Mismatch("context for x of shape (T=5, E=3): these are plain self-attention's context vectors: "
                        "compute them with your new weights")
     expect_close(context, expected_context, what="context for x of shape (T=5, E=3)")
+    # A repeated word, "the bank the river": the two copies of "the" are equal vectors at different positions.
+    the, bank, river = [0.1, 0.1, 0.1, 0.1], [0.3, 0.9, 0.0, 0.1], [0.9, 0.6, 0.0, 0.1]
+    repeated = torch.tensor([the, bank, the, river])
+    what = "weights for the sentence 'the bank the river' (the word 'the' twice, as equal vectors)"
+    got = _pair(call(attention_without_self, repeated), "attention_without_self(x) for 'the bank the river'")
+    _diagnose_without_self(expect_tensor(got[1], what=what, shape=(4, 4)), repeated, what)
+    expected_context, expected_weights = _without_self(repeated)
+    expect_close(got[1], expected_weights, what=what)
+    expect_close(got[0], expected_context, what="context for the sentence 'the bank the river'")
+    # Half precision, where -1e9 does not exist (chapter 04 shows it).
+    half = randn(4, 3, generator=generator).half()
+    what = "weights for x of shape (T=4, E=3) in float16"
+    try:
+        got = _pair(call(attention_without_self, half), "attention_without_self(x) for x in float16")
+    except _StudentCodeFailed as failed:
+        if isinstance(failed.error, RuntimeError) and "overflow" in str(failed.error):
+            raise Mismatch(f"for x in float16 your code raised {type(failed.error).__name__}: "
+                           f"{str(failed.error).splitlines()[0]}. A fill value such as -1e9 does not exist in "
+                           f"float16, whose largest magnitude is {torch.finfo(torch.float16).max:.0f}: fill with "
+                           "float('-inf'), which every floating dtype has") from None
+        if isinstance(failed.error, RuntimeError) and "dtype" in str(failed.error).lower():
+            raise Mismatch(f"for x in float16 your code raised {type(failed.error).__name__}: "
+                           f"{str(failed.error).splitlines()[0]}. A tensor made without dtype= (torch.eye, torch.full, "
+                           "torch.zeros ...) is float32 whatever the input, and mixing it with the float16 scores "
+                           "made them float32: make new tensors with the input's dtype (dtype=x.dtype), or use "
+                           "masked_fill with a boolean mask") from None
+        raise
+    got_weights = expect_tensor(got[1], what=what, shape=(4, 4), dtype="float")
+    _diagnose_without_self(got_weights, half, what)
+    expected_context, expected_weights = _without_self(half.double())
+    expect_close(got_weights, expected_weights, what=what)
+    expect_close(got[0], expected_context, what="context for x of shape (T=4, E=3) in float16")
+    # Two tokens pointing apart (scores +-121, then +-1e32): each must attend fully to the other, however low their
+    # score with it. A finite fill (-100, -1e9) loses to a lower score; zeroing after the softmax divides 0 by 0.
+    for length, shown in ((11.0, "±121"), (1e16, "±1e32")):
+        apart = _apart(length)
+        what = f"weights for two tokens pointing apart, [{length:g}, 0] and [{-length:g}, 0] (scores {shown})"
+        got = _pair(call(attention_without_self, apart), f"attention_without_self(x) for x = {apart.tolist()}")
+        got_weights = expect_tensor(got[1], what=what, shape=(2, 2))
+        w = got_weights.detach().double()
+        if not bool(torch.isnan(w).any()) and bool((torch.diagonal(w) > 0.5).all()):
+            raise Mismatch(f"{what}: each token kept weight {_shown(torch.diagonal(w).tolist())} on itself. Its score "
+                           f"with the other token ({-length ** 2:g}) is lower than the value you gave the diagonal, so "
+                           "the diagonal still won the softmax: a finite number is not below every score. Fill with "
+                           "minus infinity, float('-inf')")
+        _diagnose_without_self(got_weights, apart, what)
+        expected_context, expected_weights = _without_self(apart)
+        expect_close(got_weights, expected_weights, what=what)
+        expect_close(got[0], expected_context, what=f"context for two tokens pointing apart (scores {shown}): each "
+                                                    "token must copy the other one")
     # A batch, and T = 2 (each token can then attend only to the other one).
     batch = randn(3, 2, 4, generator=generator)
     got = _pair(call(attention_without_self, batch), "attention_without_self(x) for x of shape (3, 2, 4)")
@@ -244,7 +442,21 @@ def check_attention_without_self(attention_without_self) -> str:
         expected_context, expected_weights = _without_self(other)
         expect_close(got[1], expected_weights, what=f"weights for x of shape {shape}")
         expect_close(got[0], expected_context, what=f"context for x of shape {shape}")
-    return "no token attends to itself, the rows still sum to one, and it works on a batch."
+    # Another device (the GPU, else the meta device): the mask must be made where x is.
+    device = _other_device()
+    batch = randn(2, 4, 3, generator=generator)
+    where = f"for x of shape (B=2, T=4, E=3) on the {device.type} device"
+    got = _call_elsewhere(attention_without_self, batch.to(device), f"attention_without_self(x) {where}")
+    if got is not None:
+        got = _pair(got, f"attention_without_self(x) {where}")
+        expected_context, expected_weights = _without_self(batch.to(device))
+        for item, expected, name in ((got[1], expected_weights, "weights"), (got[0], expected_context, "context")):
+            item = expect_tensor(item, what=f"{name} {where}", shape=expected.shape)
+            expect_same_device(item, device, what=f"{name} {where}")
+            if device.type != "meta":
+                expect_close(item, expected, what=f"{name} {where}")
+    return ("no token attends to itself, even where its score with every other token is very low; the rows still "
+            "sum to one, and it works on a batch, in float16 and on the input's device.")
 
 
 def _cosine(x: torch.Tensor, temperature: float):
@@ -317,6 +529,13 @@ def _shuffled(x: torch.Tensor, order: torch.Tensor):
     return simple_self_attention(x[order])
 
 
+def _moved(shuffled_attention, context, weights, order, *, what: str) -> tuple:
+    """The student's (context, weights), with no softmax or exp allowed: the exercise moves numbers."""
+    with forbidden("softmax", torch.exp, reason="this exercise asks you to move the numbers you are given, without "
+                                                "computing attention again"):
+        return _pair(call(shuffled_attention, context, weights, order), what)
+
+
 @exercise(
     "Exercise 5, shuffle the words",
     hint="token k of the shuffled sentence is the old token number order[k]; a row of the weights belongs to a "
@@ -332,7 +551,7 @@ def check_shuffled_attention(shuffled_attention) -> str:
     order = torch.tensor([3, 0, 4, 1, 2])  # not its own inverse, so that order and its inverse differ
     inverse = torch.argsort(order)
     what = "shuffled_attention(context, weights, order) for a sentence of T=5 tokens and order [3, 0, 4, 1, 2]"
-    got = _pair(call(shuffled_attention, context, weights, order), what)
+    got = _moved(shuffled_attention, context, weights, order, what=what)
     expected_context, expected_weights = _shuffled(x, order)
     if isinstance(got[1], torch.Tensor) and tuple(got[1].shape) == (T, E) and \
             isinstance(got[0], torch.Tensor) and tuple(got[0].shape) == (T, T):
@@ -372,7 +591,7 @@ def check_shuffled_attention(shuffled_attention) -> str:
         index = torch.as_tensor(np.asarray(order), dtype=torch.long)
         shown = f"shuffled_attention(context, weights, order) for T={T}, E={E} and order {index.tolist()} " \
                 f"(given as a {type(order).__name__})"
-        got = _pair(call(shuffled_attention, context, weights, order), shown)
+        got = _moved(shuffled_attention, context, weights, order, what=shown)
         expected_context, expected_weights = _shuffled(x, index)
         expect_close(got[1], expected_weights, what=f"weights of {shown}")
         expect_close(got[0], expected_context, what=f"context of {shown}")
