@@ -776,8 +776,9 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
         shapes: "both" (symbols over sizes), "numbers" or "symbols".
         legend: add a row naming the colours.
         weights: the (L, S) attention weights to shade the weights block A with (a tensor or an array;
-            L, S <= CAP), so that the picture shows the chapter's own numbers; by default an
-            illustrative pattern (zero where the mask blocks).
+            L, S <= CAP), so that the picture shows the chapter's own numbers (A's name is then written
+            under the block, not over its middle cells); by default an illustrative pattern (zero where
+            the mask blocks).
 
     Returns:
         The ``Figure``; its alt text is ``fig.attn_alt``.
@@ -878,6 +879,7 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
         y_a = max(y - 0.1 + f, side_bottom + 0.3 + f) + d.ext(L) / 2
         a = d.block((s.center[0], y_a), L, S, role="weight", name=lab("A"), shape=sx("L", "S"), shape_at="left",
                     values=_demo_weights(min(L, CAP), min(S, CAP), allowed) if weights is None else weights,
+                    name_at="inside" if weights is None else "below",  # given weights: no cell hidden by the name
                     depth=depth)
         d.arrow(prev, a.top)
         steps.append(f"a softmax along each row gives the weights {lab('A')} {shp.alt(*lead, 'L', 'S')}"
@@ -1518,7 +1520,7 @@ def positional_flow(L: int = 6, E: int = 16, *, kind: str = "sinusoidal", names:
 
 
 def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int | None = None,
-                     B: int | None = None, H: int | None = None,
+                     B: int | None = None, H: int | None = None, pre_norm: bool = False,
                      names: Mapping[str, str] | None = None, shapes: str = "both"):
     """Chapter 07: the encoder-decoder Transformer, encoder stack on the left, decoder stack on the right.
 
@@ -1527,6 +1529,8 @@ def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int 
         V: target vocabulary (the logits' width; default: not drawn).
         B: a batch axis in front of every shape (default: none drawn).
         H: heads: the cross-attention is labelled with its weights' shape, ``(B, H, T, S)`` (default: not).
+        pre_norm: draw pre-norm layers: each sub-layer's rule ``x + sublayer(LayerNorm(x))`` under the
+            stacks, and the final ``LayerNorm`` that ends each stack (default: neither drawn).
         names: other symbols. shapes: "both", "numbers" or "symbols".
 
     Returns:
@@ -1538,6 +1542,8 @@ def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int 
     H = None if H is None else _size(H, "H")
     if H is not None and E % H:
         raise ValueError(f"E must be a multiple of H, got E={E} and H={H}")
+    if not isinstance(pre_norm, bool):
+        raise TypeError(f"pre_norm must be True or False, got {pre_norm!r}")
     shp = _Shapes(names, shapes, {"S": S, "T": T, "E": E, "N": N, "V": V or 1, "B": B or 1, "H": H or 1})
     lead = ("B",) if B is not None else ()  # the batch axis, when drawn, in front of every shape
 
@@ -1557,7 +1563,7 @@ def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int 
             d.text(xe, y, "source tokens " + shape("S").replace("\n", " = "), colour=INK)
             d.text(xd, y, "target tokens, shifted right, " + shape("T").replace("\n", " = "), colour=INK)
         y += 0.45
-        embs = [d.op((x, y), "embedding + positions") for x in (xe, xd)]
+        embs = [d.op((x, y), "embedding × √E + positions") for x in (xe, xd)]
         d.arrow((xe, 0.1), embs[0].top)
         d.arrow((xd, 0.1), embs[1].top)
         y = embs[0].y1 + 0.25
@@ -1581,26 +1587,38 @@ def transformer_flow(S: int = 7, T: int = 6, E: int = 16, *, N: int = 2, V: int 
         if H is not None:  # the weights that section 6 of the chapter reads, outside the layer's box
             d.arrow(d2.right, (dec.x1 + 0.25, d2.center[1]), head=False, colour=MUTED)
             d.text(dec.x1 + 0.3, d2.center[1], "weights\n" + shape("H", "T", "S"), ha="left")
-        mem = d.block((xe, enc.y1 + 0.45 + d.ext(S) / 2), S, E, role="output", name="memory", shape=shape("S", "E"),
-                      shape_at="left")
-        d.arrow((xe, enc.y1), mem.top)
+        enc_end, dec_end = (xe, enc.y1), (xd, dec.y1)  # where each stack's output leaves
+        if pre_norm:
+            norms = [d.op((x, end[1] + 0.35), "final LayerNorm") for x, end in ((xe, enc_end), (xd, dec_end))]
+            d.arrow(enc_end, norms[0].top)
+            d.arrow(dec_end, norms[1].top)
+            enc_end, dec_end = norms[0].bottom, norms[1].bottom
+        mem = d.block((xe, enc_end[1] + 0.45 + d.ext(S) / 2), S, E, role="output", name="memory",
+                      shape=shape("S", "E"), shape_at="left")
+        d.arrow(enc_end, mem.top)
         d.arrow(mem.right, d2.left, via=[((mem.x1 + dec.x0) / 2, mem.center[1]), ((mem.x1 + dec.x0) / 2,
                                                                                    d2.center[1])],
                 label="K, V", label_on=0)
-        out = d.block((xd, dec.y1 + 0.45 + d.ext(T) / 2), T, E, role="output", shape=shape("T", "E"), shape_at="right")
-        d.arrow((xd, dec.y1), out.top)
+        out = d.block((xd, dec_end[1] + 0.45 + d.ext(T) / 2), T, E, role="output", name="decoder\noutput",
+                      shape=shape("T", "E"), shape_at="right")
+        d.arrow(dec_end, out.top)
         lin = d.op((xd, out.y1 + 0.35), "linear → logits" + (" " + shape("T", "V").replace("\n", " = ")
                                                               if V else ""))
         d.arrow(out.bottom, lin.top)
+        if pre_norm:
+            d.text(xe, lin.center[1], "in every layer, each sub-layer:\nx ← x + sublayer(LayerNorm(x))", colour=INK)
         weights = "" if H is None else f" (its weights {alt('H', 'T', 'S')}: for each target position, a " \
                                          "distribution over the source positions)"
+        final = " and a final LayerNorm" if pre_norm else ""
+        rule = (" In every layer each sub-layer is a pre-norm residual step, x ← x + sublayer(LayerNorm(x))."
+                if pre_norm else "")
         return (f"Diagram of the encoder-decoder Transformer: the source {alt('S')} and the target shifted "
-                f"right {alt('T')} are embedded with their positions into X {alt('S', 'E')} and Y "
-                f"{alt('T', 'E')}; {N} encoder layers (self-attention, feed-forward) turn X into the memory "
+                f"right {alt('T')} are embedded (times √E) with their positions into X {alt('S', 'E')} and Y "
+                f"{alt('T', 'E')}; {N} encoder layers (self-attention, feed-forward){final} turn X into the memory "
                 f"{alt('S', 'E')}; {N} decoder layers apply masked self-attention to Y, then cross-attention "
                 f"whose queries come from the decoder and whose keys and values come from the memory{weights}, then "
-                f"a feed-forward network; a linear layer turns the result {alt('T', 'E')} into logits"
-                + (f" {alt('T', 'V')}" if V else "") + ".")
+                f"a feed-forward network{final}; a linear layer turns the decoder output {alt('T', 'E')} into logits"
+                + (f" {alt('T', 'V')}" if V else "") + "." + rule)
 
     return _fit(draw)
 

@@ -201,6 +201,20 @@ def test_attention_flow_shades_the_weights_it_is_given():
             dg.attention_flow(L=2, S=5, D=3, projections=False, weights=bad)
 
 
+def test_given_weights_are_not_hidden_by_the_blocks_name():
+    # Chapter 02's review: the name "A" written over the middle cells hid the largest of the chapter's weights.
+    weights = torch.softmax(torch.randn(6, 6, generator=torch.Generator().manual_seed(1)), dim=-1)
+    for given in (None, weights):
+        fig = dg.attention_flow(L=6, E=4, simple=True, weights=given)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        cells = [c.get_window_extent(renderer) for c in patches(fig, "cell:weight:A")]
+        name = next(t for t in texts(fig) if t.get_text() == "A").get_window_extent(renderer)
+        covered = [c for c in cells if c.overlaps(name)]
+        assert bool(covered) == (given is None), f"weights={'given' if given is not None else None}: {len(covered)} cells"
+        plt.close(fig)
+
+
 def _grid(cells):
     """The drawn cells as a boolean grid: True where the cell has the mask's "may attend" colour."""
     xs, ys = sorted({round(c.get_x(), 6) for c in cells}), sorted({round(c.get_y(), 6) for c in cells})
@@ -363,6 +377,21 @@ def test_transformer_flow_shows_the_batch_and_the_cross_attention_weights():
     assert "weights\n(B, H, T, S)\n(3, 4, 34, 28)" in drawn and "(B, S, E)\n(3, 28, 64)" in drawn
     plain = dg.alt_text(dg.transformer_flow(S=28, T=34, E=64, N=2, V=44))  # without B and H: as before
     assert "X (S, E) = (28, 64)" in plain and "weights" not in plain
+
+
+def test_transformer_flow_pre_norm_draws_the_final_norms_and_the_rule():
+    """Chapter 07's layers are pre-norm: each stack ends with a LayerNorm, drawn and named in the alt text."""
+    fig = dg.transformer_flow(S=28, T=34, E=64, N=2, V=44, B=3, H=4, pre_norm=True)
+    labels = [p.get_gid()[3:] for p in patches(fig, "op:")]
+    assert labels.count("final LayerNorm") == 2, labels
+    drawn = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert "x ← x + sublayer(LayerNorm(x))" in drawn and "decoder\noutput" in drawn
+    alt = dg.alt_text(fig)
+    assert alt.count("a final LayerNorm") == 2 and "pre-norm residual step" in alt
+    plain = dg.transformer_flow(S=28, T=34, E=64, N=2, V=44)
+    assert "final LayerNorm" not in [p.get_gid()[3:] for p in patches(plain, "op:")]
+    with pytest.raises(TypeError, match="pre_norm"):
+        dg.transformer_flow(pre_norm="yes")
 
 
 def test_encoder_decoder_step_draws_each_decoder_in_its_order():
