@@ -144,6 +144,10 @@ def decay_cumprod_ratio(gate):  # underflows: 0 / 0
     return (cumulative[..., :, None] / cumulative[..., None, :]) * torch.ones(L, L).tril()
 
 
+def decay_cumprod_ratio_float64(gate):  # finite for 80 gates of 0.05, 0 / 0 for 256
+    return decay_cumprod_ratio(gate.double()).to(gate.dtype)
+
+
 def decay_with_own_gate(gate):
     return decay_logs(gate) * gate[..., None, :]
 
@@ -277,6 +281,7 @@ WRONG = [
     (check_delta_rule_loop, delta_float16, "values differ"),
     # Exercise 2
     (check_decay_matrix, decay_cumprod_ratio, "contains NaN"),
+    (check_decay_matrix, decay_cumprod_ratio_float64, "underflows to 0 even in float64"),
     (check_decay_matrix, decay_with_own_gate, "the diagonal must be 1"),
     (check_decay_matrix, decay_one_too_few, "one gate too few"),
     (check_decay_matrix, decay_from_start, "products from the start"),

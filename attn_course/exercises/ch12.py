@@ -5,7 +5,7 @@ names the mistake when it recognises one; the table of those mistakes is in
 tests/test_exercises_ch12.py. They use the shared mechanism of ``attn_course.exercises``: the
 package forbidden by every route in exercises 1 and 2, inputs watched for changes in place, sizes
 unlike the notebook's (one token, one head, ``D_k != D_v`` and ``D_k == D_v``, keys that are not of
-unit length), float32 and float64, gates small enough that a product of them underflows float32, and
+unit length), float32 and float64, gates small enough that a product of them underflows even float64, and
 model sizes other than Qwen3-Next's in exercise 3 (numpy integers accepted).
 """
 
@@ -192,7 +192,7 @@ def check_decay_matrix(decay_matrix) -> str:
         ((5,), torch.float32, "a single sequence, gates in (0.3, 1)"),
         ((1, 1, 1), torch.float32, "one token"),
         ((3, 1, 4), torch.float64, "gates of exactly 1 (no decay)"),
-        ((1, 2, 80), torch.float32, "80 tokens with gates of about 0.05: their product underflows float32"),
+        ((1, 1, 256), torch.float32, "256 tokens with gates of about 0.05: their product underflows even float64"),
     ]
     for shape, dtype, note in cases:
         if "exactly 1" in note:
@@ -208,9 +208,10 @@ def check_decay_matrix(decay_matrix) -> str:
         got64 = got.detach().double()
         if bool(torch.isnan(got64).any()) or bool(torch.isinf(got64).any()):
             bad = "NaN" if bool(torch.isnan(got64).any()) else "inf"
-            raise Mismatch(f"{what}: your matrix contains {bad}. A running product of 80 gates of 0.05 underflows to 0 "
-                           "in float32, and a ratio of two such products is 0 / 0; add logarithms (a cumulative sum) "
-                           "and exponentiate their differences, or multiply the gates of each range")
+            raise Mismatch(f"{what}: your matrix contains {bad}. A running product of 256 gates of 0.05 is about "
+                           "1e-333, which underflows to 0 even in float64, and a ratio of two such products is 0 / 0; "
+                           "add logarithms (a cumulative sum) and exponentiate their differences, or multiply the gates "
+                           "of each range")
         if not bool(torch.allclose(got64, want, atol=1e-6, rtol=1e-5)):
             for mistake, wrong in _decay_mistakes(gate).items():
                 if bool(torch.allclose(got64, wrong, atol=1e-6, rtol=1e-5)):
@@ -228,7 +229,7 @@ def check_decay_matrix(decay_matrix) -> str:
     expect_close(parallel, torch.stack(recurrent, dim=2), what="((Q K^T) * decay_matrix(gate)) V against the recurrence "
                  "S_t = gate_t S_{t-1} + k_t v_t^T")
     return ("with your decay matrix, ((Q K^T) * D) V equals the gated recurrence token by token, also where the "
-            "gates' running product underflows float32.")
+            "gates' running product underflows even float64.")
 
 
 # --------------------------------------------------------------------------------------------------
