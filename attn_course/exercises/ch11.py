@@ -1,0 +1,289 @@
+"""Checks for the exercises of chapter 11, multi-head latent attention (DeepSeek-V2's MLA).
+
+Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and names
+the mistake when it recognises one; the table of those mistakes is in tests/test_exercises_ch11.py.
+They use the shared mechanism of ``attn_course.exercises``: the package forbidden where the exercise
+asks for plain torch (``forbid=("attn_course",)``: its ``cache_elements_per_token`` and
+``MultiHeadLatentAttention`` among the rest), inputs watched for changes in place, sizes unlike the
+notebook's (one head, a head width unlike the latent's, one query and several, batch 1 and 3, no
+rotary part), float64 as well as float32, and numbers given as numpy integers or fractions.
+
+Exercise 2 asks for the absorbed form, which never builds a key per head and cached token: its check
+watches every tensor that the answer creates (a ``TorchDispatchMode`` around the call) and rejects an
+answer that makes one as large as the keys of one head for every cached token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from . import Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_sequence, randn, rng
+
+__all__ = ["check_cache_per_token", "check_absorbed_scores", "check_merged_output"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1: the cache per token, and the GQA groups with the same cache
+
+def _cache(num_layers: int, num_heads: int, head_dim: int, kv_latent_dim: int, rope_head_dim: int):
+    mha = 2 * num_heads * head_dim * num_layers  # a key and a value per head, per layer
+    mla = (kv_latent_dim + rope_head_dim) * num_layers  # the latent and the one shared rotary key, per layer
+    groups = (kv_latent_dim + rope_head_dim) / (2 * head_dim)  # a GQA group caches a key and a value of width d_h
+    return mha, mla, groups
+
+
+@exercise(
+    "Exercise 1, the cache per token of MHA and MLA, and the GQA groups with the same cache",
+    hint="count the numbers one token leaves in every layer's cache: multi-head attention keeps a key and a value "
+         "for each head; latent attention keeps its latent once (keys and values are both rebuilt from it) and one "
+         "rotary key shared by all heads; a GQA group keeps one key and one value of a head's width",
+    forbid=("attn_course",),
+)
+def check_cache_per_token(cache_per_token) -> str:
+    cases = [  # (num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+        (60, 128, 128, 512, 64),  # DeepSeek-V2 (section 3.1.2)
+        (2, 8, 4, 4, 4),  # the miniature of this chapter
+        (3, 5, 6, 7, 0),  # no rotary part, a latent unlike the heads
+        (1, 1, 8, 3, 2),  # one head, one layer
+        (27, 16, 128, 512, 64),  # the small models of the paper's Table 9
+    ]
+    for num_layers, num_heads, head_dim, d_c, d_r in cases:
+        what = (f"cache_per_token(num_layers={num_layers}, num_heads={num_heads}, head_dim={head_dim}, "
+                f"kv_latent_dim={d_c}, rope_head_dim={d_r})")
+        got = expect_sequence(call(cache_per_token, num_layers, num_heads, head_dim, d_c, d_r), what=what,
+                              names=("mha_elements", "mla_elements", "equivalent_groups"))
+        mha = expect_int(got[0], what=f"{what}: mha_elements")
+        mla = expect_int(got[1], what=f"{what}: mla_elements")
+        groups = expect_number(got[2], what=f"{what}: equivalent_groups")
+        want_mha, want_mla, want_groups = _cache(num_layers, num_heads, head_dim, d_c, d_r)
+        # Multi-head attention.
+        if mha != want_mha:
+            if mha == want_mha // 2:
+                raise Mismatch(f"{what}: mha_elements = {mha:,} is half the answer: each head caches a key *and* a value")
+            if num_layers > 1 and mha == want_mha // num_layers:
+                raise Mismatch(f"{what}: mha_elements = {mha:,} is one layer's cache: every layer keeps its own")
+            raise Mismatch(f"{what}: mha_elements should be {want_mha:,}, got {mha:,}")
+        # Latent attention.
+        if mla != want_mla:
+            if num_heads > 1 and d_r and mla == (d_c + num_heads * d_r) * num_layers:
+                raise Mismatch(f"{what}: mla_elements = {mla:,} counts a rotary key per head; k_R is one per token, "
+                               "shared by every head")
+            if mla == 2 * want_mla:
+                raise Mismatch(f"{what}: mla_elements = {mla:,} is twice the answer: the latent is cached once, and both "
+                               "the keys and the values are rebuilt from it (and the rotary key is one vector)")
+            if d_r and mla == d_c * num_layers:
+                raise Mismatch(f"{what}: mla_elements = {mla:,} leaves out the decoupled rotary key, which is cached too")
+            if num_layers > 1 and mla == want_mla // num_layers:
+                raise Mismatch(f"{what}: mla_elements = {mla:,} is one layer's cache: every layer keeps its own")
+            raise Mismatch(f"{what}: mla_elements should be {want_mla:,}, got {mla:,}")
+        # The groups of GQA with the same cache.
+        if not math.isclose(groups, want_groups, rel_tol=1e-6, abs_tol=1e-12):  # float32 holds 7 digits
+            if math.isclose(groups, 2 * want_groups, rel_tol=1e-9):
+                raise Mismatch(f"{what}: equivalent_groups = {groups:g} is twice the answer: a GQA group caches a key "
+                               f"and a value, 2 * head_dim = {2 * head_dim} numbers per layer")
+            if math.isclose(groups, want_mla / want_mha, rel_tol=1e-9):
+                raise Mismatch(f"{what}: equivalent_groups = {groups:g} is MLA's fraction of MHA's cache, not a number "
+                               "of GQA groups: how many groups of one key and one value cache as much as MLA?")
+            if num_layers > 1 and math.isclose(groups, want_groups * num_layers, rel_tol=1e-9):
+                raise Mismatch(f"{what}: equivalent_groups = {groups:g} compares all layers of MLA with one layer of "
+                               "GQA; compare one layer with one layer")
+            raise Mismatch(f"{what}: equivalent_groups should be {want_groups:g}, got {groups:g}")
+    v2_mha, v2_mla, v2_groups = _cache(*cases[0])
+    small_mha, small_mla, _ = _cache(*cases[-1])
+    return (f"DeepSeek-V2's sizes give {v2_mla:,} numbers per token against {v2_mha:,} for MHA, the cache of GQA with "
+            f"{v2_groups:g} groups; with 27 layers and 16 heads your formula gives {small_mha / 1000:.1f}K and "
+            f"{small_mla / 1000:.1f}K, the small models' row of Table 9.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 2: absorbed scores, every head, with the decoupled rotary part
+
+_PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot"}
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records, while active, the largest tensor any operation makes (views included) and the
+    multiply-adds of the matrix products (``mm``, ``bmm`` and their kin, which ``@``, ``matmul``,
+    ``einsum`` and ``nn.functional.linear`` come down to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel, self.shape, self.multiply_adds = 0, (), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+        if name in _PRODUCTS:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            first, second = tensors[-2], tensors[-1]  # addmm(bias, a, b), baddbmm(bias, a, b): the last two
+            batch = first.shape[0] if first.dim() == 3 else 1
+            inner = first.shape[-1]
+            self.multiply_adds += batch * inner * (first.shape[-2] if first.dim() >= 2 else 1) * (
+                second.shape[-1] if second.dim() >= 2 else 1)
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.numel() > self.numel:
+                self.numel, self.shape = tensor.numel(), tuple(tensor.shape)
+        return out
+
+
+def _naive_scores(q_content, q_rope, w_uk, latents, rope_keys, *, scale=None, head_order="hd", rope=True):
+    """The scores of equations (16)-(18) before the softmax, with per-head keys built (float64)."""
+    q_content, w_uk, latents = q_content.double(), w_uk.double(), latents.double()
+    B, H, L, D = q_content.shape
+    S, Dc = latents.shape[1], latents.shape[2]
+    if head_order == "hd":
+        w = w_uk.view(H, D, Dc)  # rows h*D .. h*D + D - 1 belong to head h
+    else:
+        w = w_uk.view(D, H, Dc).transpose(0, 1)  # the wrong split: head h takes rows h, h + H, ...
+    keys = torch.einsum("hdc,bsc->bhsd", w, latents)  # (B, H, S, D)
+    scores = q_content @ keys.transpose(-2, -1)  # (B, H, L, S)
+    Dr = 0 if q_rope is None else q_rope.shape[-1]
+    if rope and q_rope is not None:
+        scores = scores + q_rope.double() @ rope_keys.double()[:, None].transpose(-2, -1)  # (B, H, L, S)
+    return scores * (1.0 / math.sqrt(D + Dr) if scale is None else scale)
+
+
+def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.float32, watch=False):
+    q_content = randn(B, H, L, D, generator=generator, dtype=dtype)
+    q_rope = randn(B, H, L, Dr, generator=generator, dtype=dtype)
+    w_uk = randn(H * D, Dc, generator=generator, dtype=dtype, scale=0.5)
+    latents = randn(B, S, Dc, generator=generator, dtype=dtype)
+    rope_keys = randn(B, S, Dr, generator=generator, dtype=dtype)
+    what = (f"absorbed_scores(q_content {tuple(q_content.shape)}, q_rope {tuple(q_rope.shape)}, w_uk "
+            f"{tuple(w_uk.shape)}, latents {tuple(latents.shape)}, rope_keys {tuple(rope_keys.shape)})")
+    watcher = _LargestTensor()
+    with watcher if watch else contextlib.nullcontext():
+        got = call(absorbed_scores, q_content, q_rope, w_uk, latents, rope_keys)
+    if watch and watcher.numel >= B * S * D:
+        raise Mismatch(f"{what}: your function made a tensor of shape {watcher.shape}, {watcher.numel:,} numbers, as "
+                       f"many as the keys of a head for all {S} cached tokens ({S} x {D}): that is the up-projection "
+                       "the absorbed form avoids. Multiply each head's query by its block of W_UK first (a vector of "
+                       f"width {Dc}), then score it against the latents themselves")
+    if watch and watcher.multiply_adds >= B * S * H * D * Dc:
+        raise Mismatch(f"{what}: your function did {watcher.multiply_adds:,} multiply-adds in its matrix products, as many "
+                       f"as rebuilding the keys of half the heads for all {S} cached tokens ({B * S * H * D * Dc:,}): "
+                       "the absorbed form never up-projects the cache, piece by piece or at once. Multiply each head's "
+                       f"query by its block of W_UK first (a vector of width {Dc}), then score it against the latents")
+    if not isinstance(got, torch.Tensor):
+        raise Mismatch(f"{what}: expected a torch.Tensor of scores, got {type(got).__name__}")
+    expected = _naive_scores(q_content, q_rope, w_uk, latents, rope_keys).to(dtype)
+    if tuple(got.shape) == tuple(expected.shape) and got.is_floating_point() and H > 1 and D > 1:
+        g = got.detach().double()
+        mistakes = {
+            "you scaled by 1/sqrt(d_h), the head width of the content part; in MLA a query is [q_C ; q_R], so the "
+            "scale is 1/sqrt(d_h + d_h^R)": _naive_scores(q_content, q_rope, w_uk, latents, rope_keys,
+                                                             scale=1 / math.sqrt(D)),
+            "these scores are not scaled: divide by sqrt(d_h + d_h^R), the width of a whole query":
+                _naive_scores(q_content, q_rope, w_uk, latents, rope_keys, scale=1.0),
+            "the rotary part q_R . k_R is missing: each head's score adds its rotary query times the shared rotary key":
+                _naive_scores(q_content, q_rope, w_uk, latents, rope_keys, rope=False),
+            "the heads' rows of w_uk are split the wrong way: rows h*D to h*D + D - 1 belong to head h "
+            "(view it as (H, D, d_c), not (D, H, d_c))": _naive_scores(q_content, q_rope, w_uk, latents, rope_keys,
+                                                                        head_order="dh"),
+        }
+        right = expected.double()
+        summed = right.sum(dim=1, keepdim=True)  # (B, 1, L, S): every head given the sum of the heads' scores
+        for mistake, wrong in mistakes.items():
+            if torch.allclose(g, wrong, atol=1e-5, rtol=1e-4) and not torch.allclose(wrong, right, atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: {mistake}")
+        if torch.allclose(g, summed.expand_as(g), atol=1e-5, rtol=1e-4):
+            raise Mismatch(f"{what}: every head got the same scores, the sum over heads: W_UK was applied to all the "
+                           "heads' queries at once. Each head has its own block of W_UK and its own scores")
+    expect_close(got, expected, what=what, dtype=dtype)  # the scores keep the inputs' dtype
+
+
+@exercise(
+    "Exercise 2, absorbed scores for every head, with the decoupled rotary part",
+    hint="split W_UK into one (d_h, d_c) block per head (rows h*d_h onwards), carry each head's content query "
+         "through its block's transpose into the latent space, score that against the cached latents, add the rotary "
+         "query's dot product with the shared rotary key, and scale by the width of a whole query",
+    forbid=("attn_course",),
+)
+def check_absorbed_scores(absorbed_scores) -> str:
+    generator = rng(1102)
+    # The watched case: many cached tokens and wide heads, so that building the keys shows.
+    _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=24, Dc=5, Dr=4, S=60, watch=True)
+    # The notebook's sizes, then others: several queries, batch 3, one head, a head wider and narrower than the
+    # latent, no rotary part, float64.
+    for B, H, L, D, Dc, Dr, S in ((2, 4, 1, 8, 8, 4, 10), (3, 3, 4, 6, 10, 2, 7), (1, 1, 2, 5, 3, 2, 9),
+                                  (2, 2, 3, 4, 6, 0, 5)):
+        _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S)
+    _scores_case(absorbed_scores, generator, 2, 3, 2, 7, 4, 2, 6, dtype=torch.float64)
+    return ("each head scores the cached latents with W_UK folded into its query, as DeepSeek-V2 does at inference: "
+            "no key is rebuilt, however long the cache.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 3: W_UV folded into W_O
+
+def _merged(w_uv: torch.Tensor, w_o: torch.Tensor, num_heads: int, head_order: str = "hd",
+            output_order: str = "hd") -> torch.Tensor:
+    HD, Dc = w_uv.shape
+    E = w_o.shape[0]
+    D = HD // num_heads
+    if head_order == "hd":
+        uv = w_uv.double().view(num_heads, D, Dc)  # (H, D, Dc): W_UV,h
+    else:
+        uv = w_uv.double().view(D, num_heads, Dc).transpose(0, 1)
+    if output_order == "hd":
+        o = w_o.double().view(E, num_heads, D)  # (E, H, D): W_O's columns of head h
+    else:
+        o = w_o.double().view(E, D, num_heads).transpose(1, 2)  # the wrong split: head h takes columns h, h + H, ...
+    return torch.einsum("ehd,hdc->ehc", o, uv).reshape(E, num_heads * Dc)  # (E, H * Dc)
+
+
+@exercise(
+    "Exercise 3, fold W_UV into the output projection W_O",
+    hint="the output is W_O times the heads' contexts side by side, and head h's context is its block of W_UV times "
+         "its average of the latents; so head h's block of columns in the merged matrix is W_O's columns of head h "
+         "times W_UV's rows of head h, and the blocks stand side by side in head order",
+    forbid=("attn_course",),
+)
+def check_merged_output(merge_value_into_output) -> str:
+    generator = rng(1103)
+    for E, H, D, Dc, dtype in ((16, 4, 8, 8, torch.float32), (10, 3, 6, 4, torch.float32), (7, 1, 5, 9, torch.float32),
+                               (12, 2, 3, 5, torch.float64)):
+        w_uv = randn(H * D, Dc, generator=generator, dtype=dtype)
+        w_o = randn(E, H * D, generator=generator, dtype=dtype)
+        what = f"merge_value_into_output(w_uv {tuple(w_uv.shape)}, w_o {tuple(w_o.shape)}, num_heads={H})"
+        got = call(merge_value_into_output, w_uv, w_o, H)
+        if not isinstance(got, torch.Tensor):
+            raise Mismatch(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
+        expected = _merged(w_uv, w_o, H).to(dtype)
+        if tuple(got.shape) == (E, Dc) and H > 1:
+            raise Mismatch(f"{what}: shape {tuple(got.shape)} is W_O @ W_UV of the whole matrices, which adds the heads' "
+                           "products together; each head averages its own latents, so the merged matrix keeps one block "
+                           f"of {Dc} columns per head: shape (E, H * d_c) = {(E, H * Dc)}")
+        if tuple(got.shape) == (H, E, Dc) or tuple(got.shape) == (E, H, Dc):
+            raise Mismatch(f"{what}: shape {tuple(got.shape)}: put the heads' blocks side by side, head 0 first, in one "
+                           f"matrix of shape (E, H * d_c) = {(E, H * Dc)}")
+        if tuple(got.shape) == (H * Dc, E):
+            raise Mismatch(f"{what}: shape {tuple(got.shape)} is the transpose: like W_O, the merged matrix maps the "
+                           f"heads' contexts to the model width, shape (E, H * d_c) = {(E, H * Dc)}")
+        if tuple(got.shape) == tuple(expected.shape) and got.is_floating_point() and H > 1:
+            g = got.detach().double()
+            if torch.allclose(g, _merged(w_uv, w_o, H, head_order="dh"), atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: the heads' rows of w_uv are split the wrong way: rows h*D to h*D + D - 1 "
+                               "belong to head h (view it as (H, D, d_c))")
+            if torch.allclose(g, _merged(w_uv, w_o, H, output_order="dh"), atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: W_O's columns are split into heads the wrong way: columns h*D to h*D + D - 1 "
+                               "multiply head h's context (view w_o as (E, H, D))")
+            blocks = g.view(E, H, Dc)
+            if torch.allclose(blocks.flip(1), expected.double().view(E, H, Dc), atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: the heads' blocks are in reverse order: head 0's block comes first")
+        expect_close(got, expected, what=what, dtype=dtype)  # the weights' dtype
+        # The merged matrix must do the job: the same output as W_UV per head, then W_O.
+        context_latent = randn(2, 3, H, Dc, generator=generator, dtype=dtype)  # (B, L, H, Dc)
+        per_head = torch.einsum("blhc,hdc->blhd", context_latent, w_uv.view(H, D, Dc)).reshape(2, 3, H * D)
+        expect(torch.allclose((context_latent.reshape(2, 3, H * Dc) @ got.to(dtype).T).double(),
+                              (per_head @ w_o.T).double(), atol=1e-4, rtol=1e-4),
+               f"{what}: multiplying the heads' averaged latents by your matrix does not give the layer's output")
+    E, H, D, Dc = 5120, 128, 128, 512  # DeepSeek-V2
+    return (f"the merged matrix maps the heads' averaged latents straight to the output. At DeepSeek-V2's sizes it holds "
+            f"{E * H * Dc / 1e6:.0f}M numbers against W_O's {E * H * D / 1e6:.0f}M: folding saves one product per new "
+            f"token at the price of an output matrix d_c / d_h = {Dc // D} times larger.")

@@ -1,0 +1,400 @@
+"""The exercise checks of chapter 11: for each exercise, right answers written several ways and the table of
+wrong answers students plausibly write, each rejected with a message that names the mistake."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+import attn_course as ac
+from attn_course.exercises.ch11 import check_absorbed_scores, check_cache_per_token, check_merged_output
+
+CHECKS = [check_cache_per_token, check_absorbed_scores, check_merged_output]
+
+
+def scaffold(*args):
+    ...  # the cell as handed out
+
+
+def crashes(*args):
+    raise RuntimeError("shapes do not match")
+
+
+# --- Exercise 1: the cache per token ----------------------------------------------------------------
+
+def cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    return 2 * num_heads * head_dim * num_layers, (kv_latent_dim + rope_head_dim) * num_layers, \
+        (kv_latent_dim + rope_head_dim) / (2 * head_dim)
+
+
+def cache_numpy_and_fraction(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):  # other types, right
+    per_layer = np.array([2 * num_heads * head_dim, kv_latent_dim + rope_head_dim])
+    mha, mla = per_layer * num_layers
+    return [mha, mla, Fraction(kv_latent_dim + rope_head_dim, 2 * head_dim)]
+
+
+def cache_tensors(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):  # one-element tensors, right
+    mla = torch.tensor(kv_latent_dim + rope_head_dim) * num_layers
+    return torch.tensor(2 * num_heads * head_dim * num_layers), mla, torch.tensor((kv_latent_dim + rope_head_dim) / (2 * head_dim))
+
+
+def cache_package(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha = ac.cache_elements_per_token("mha", num_heads=num_heads, head_dim=head_dim, num_layers=num_layers)
+    mla = ac.cache_elements_per_token("mla", kv_latent_dim=kv_latent_dim, rope_head_dim=rope_head_dim,
+                                      num_layers=num_layers)
+    return mha, mla, (kv_latent_dim + rope_head_dim) / (2 * head_dim)
+
+
+def cache_mha_no_values(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    _, mla, groups = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return num_heads * head_dim * num_layers, mla, groups
+
+
+def cache_one_layer(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    return cache_right(1, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+
+
+def cache_mla_one_layer(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, _, groups = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, kv_latent_dim + rope_head_dim, groups
+
+
+def cache_rope_per_head(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, _, groups = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, (kv_latent_dim + num_heads * rope_head_dim) * num_layers, groups
+
+
+def cache_latent_twice(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, _, groups = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, 2 * (kv_latent_dim + rope_head_dim) * num_layers, groups
+
+
+def cache_no_rope_key(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, _, groups = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, kv_latent_dim * num_layers, groups
+
+
+def cache_groups_keys_only(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, mla, _ = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, mla, (kv_latent_dim + rope_head_dim) / head_dim
+
+
+def cache_groups_fraction(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, mla, _ = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, mla, mla / mha
+
+
+def cache_groups_all_layers(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, mla, _ = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, mla, mla / (2 * head_dim)
+
+
+def cache_groups_rounded(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, mla, groups = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, mla, math.ceil(groups)
+
+
+def cache_float_elements(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, mla, groups = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return float(mha), float(mla), groups
+
+
+def cache_two_values(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim):
+    mha, mla, _ = cache_right(num_layers, num_heads, head_dim, kv_latent_dim, rope_head_dim)
+    return mha, mla
+
+
+# --- Exercise 2: absorbed scores ---------------------------------------------------------------------
+
+def scores_right(q_content, q_rope, w_uk, latents, rope_keys):
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    q_latent = torch.einsum("bhld,hdc->bhlc", q_content, w_uk.view(H, D, Dc))  # (B, H, L, Dc)
+    content = q_latent @ latents[:, None].transpose(-2, -1)  # (B, H, L, S)
+    rotary = q_rope @ rope_keys[:, None].transpose(-2, -1)  # (B, H, L, S)
+    return (content + rotary) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_joint_key(q_content, q_rope, w_uk, latents, rope_keys):  # the package's way: one joint key per token, right
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    q_latent = (q_content.unsqueeze(-2) @ w_uk.view(H, 1, D, Dc)).squeeze(-2)  # (B, H, L, 1, D) @ (H, 1, D, Dc)
+    queries = torch.cat([q_latent, q_rope], dim=-1)  # (B, H, L, Dc + Dr)
+    keys = torch.cat([latents, rope_keys], dim=-1)  # (B, S, Dc + Dr)
+    return torch.einsum("bhlk,bsk->bhls", queries, keys) * (D + q_rope.size(-1)) ** -0.5
+
+
+def scores_loop(q_content, q_rope, w_uk, latents, rope_keys):  # head by head, right
+    B, H, L, D = q_content.shape
+    out = []
+    for h in range(H):
+        block = w_uk[h * D:(h + 1) * D]  # (D, Dc)
+        q_latent = q_content[:, h] @ block  # (B, L, Dc)
+        out.append(q_latent @ latents.transpose(1, 2) + q_rope[:, h] @ rope_keys.transpose(1, 2))
+    return torch.stack(out, dim=1) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_naive(q_content, q_rope, w_uk, latents, rope_keys):  # right numbers, but the keys are built
+    B, H, L, D = q_content.shape
+    S = latents.size(1)
+    keys = (latents @ w_uk.T).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
+    return (q_content @ keys.transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_naive_per_head(q_content, q_rope, w_uk, latents, rope_keys):  # keys built one head at a time
+    B, H, L, D = q_content.shape
+    out = []
+    for h in range(H):
+        keys = latents @ w_uk[h * D:(h + 1) * D].T  # (B, S, D)
+        out.append(q_content[:, h] @ keys.transpose(1, 2) + q_rope[:, h] @ rope_keys.transpose(1, 2))
+    return torch.stack(out, dim=1) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_scale_d(q_content, q_rope, w_uk, latents, rope_keys):
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys) * math.sqrt(
+        q_content.size(-1) + q_rope.size(-1)) / math.sqrt(q_content.size(-1))
+
+
+def scores_unscaled(q_content, q_rope, w_uk, latents, rope_keys):
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys) * math.sqrt(q_content.size(-1) + q_rope.size(-1))
+
+
+def scores_no_rope(q_content, q_rope, w_uk, latents, rope_keys):
+    B, H, L, D = q_content.shape
+    q_latent = torch.einsum("bhld,hdc->bhlc", q_content, w_uk.view(H, D, latents.size(-1)))
+    return q_latent @ latents[:, None].transpose(-2, -1) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_wrong_split(q_content, q_rope, w_uk, latents, rope_keys):
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    blocks = w_uk.view(D, H, Dc).transpose(0, 1)  # head h takes rows h, h + H, ...
+    q_latent = torch.einsum("bhld,hdc->bhlc", q_content, blocks)
+    return (q_latent @ latents[:, None].transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(
+        D + q_rope.size(-1))
+
+
+def scores_heads_summed(q_content, q_rope, w_uk, latents, rope_keys):
+    """W_UK applied to the heads' queries side by side: the heads' content scores added together."""
+    B, H, L, D = q_content.shape
+    q_flat = q_content.transpose(1, 2).reshape(B, L, H * D)  # (B, L, H*D)
+    q_latent = q_flat @ w_uk  # (B, L, Dc): sums over the heads
+    content = (q_latent @ latents.transpose(1, 2))[:, None]  # (B, 1, L, S)
+    rotary = (q_rope @ rope_keys[:, None].transpose(-2, -1)).sum(dim=1, keepdim=True)
+    return ((content + rotary) / math.sqrt(D + q_rope.size(-1))).expand(B, H, L, -1)
+
+
+def scores_naive_in_chunks(q_content, q_rope, w_uk, latents, rope_keys):
+    """Keys rebuilt ten cached tokens at a time: no tensor is large, but the cache is up-projected all the same."""
+    B, H, L, D = q_content.shape
+    S = latents.size(1)
+    pieces = []
+    for start in range(0, S, 10):
+        keys = (latents[:, start:start + 10] @ w_uk.T).view(B, -1, H, D).transpose(1, 2)  # (B, H, 10, D)
+        pieces.append(q_content @ keys.transpose(-2, -1))
+    rotary = q_rope @ rope_keys[:, None].transpose(-2, -1)
+    return (torch.cat(pieces, dim=-1) + rotary) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_elementwise(q_content, q_rope, w_uk, latents, rope_keys):  # right, absorbed with broadcasting and sums
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    q_latent = (q_content[..., :, None] * w_uk.view(H, 1, D, Dc)).sum(dim=-2)  # (B, H, L, Dc)
+    content = (q_latent[..., None, :] * latents[:, None, None]).sum(dim=-1)  # (B, H, L, S)
+    rotary = (q_rope[..., None, :] * rope_keys[:, None, None]).sum(dim=-1)
+    return (content + rotary) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_softmaxed(q_content, q_rope, w_uk, latents, rope_keys):  # weights, not scores
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys).softmax(dim=-1)
+
+
+def scores_in_place(q_content, q_rope, w_uk, latents, rope_keys):
+    q_content /= math.sqrt(q_content.size(-1) + q_rope.size(-1))  # scales the caller's queries
+    B, H, L, D = q_content.shape
+    q_latent = torch.einsum("bhld,hdc->bhlc", q_content, w_uk.view(H, D, latents.size(-1)))
+    return q_latent @ latents[:, None].transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1) / math.sqrt(
+        D + q_rope.size(-1))
+
+
+def scores_package(q_content, q_rope, w_uk, latents, rope_keys):
+    B, H, L, D = q_content.shape
+    module = ac.MultiHeadLatentAttention(8, H, D, latents.size(-1), rope_head_dim=q_rope.size(-1) or 0)
+    module.forward(torch.zeros(1, 1, 8))
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+
+
+def scores_float32(q_content, q_rope, w_uk, latents, rope_keys):  # loses float64's precision
+    return scores_right(q_content.float(), q_rope.float(), w_uk.float(), latents.float(), rope_keys.float())
+
+
+def scores_first_batch_only(q_content, q_rope, w_uk, latents, rope_keys):  # works for B = 1 only
+    right = scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+    return right[:1].expand_as(right)
+
+
+# --- Exercise 3: W_UV folded into W_O ------------------------------------------------------------------
+
+def merge_right(w_uv, w_o, num_heads):
+    HD, Dc = w_uv.shape
+    D = HD // num_heads
+    return torch.cat([w_o[:, h * D:(h + 1) * D] @ w_uv[h * D:(h + 1) * D] for h in range(num_heads)], dim=1)
+
+
+def merge_einsum(w_uv, w_o, num_heads):  # right, another way
+    E = w_o.size(0)
+    D = w_uv.size(0) // num_heads
+    return torch.einsum("ehd,hdc->ehc", w_o.view(E, num_heads, D), w_uv.view(num_heads, D, -1)).reshape(E, -1)
+
+
+def merge_block_diagonal(w_uv, w_o, num_heads):  # right: W_O @ blockdiag(W_UV,0, ..., W_UV,H-1)
+    D = w_uv.size(0) // num_heads
+    blocks = torch.block_diag(*[w_uv[h * D:(h + 1) * D] for h in range(num_heads)])  # (H*D, H*Dc)
+    return w_o @ blocks
+
+
+def merge_whole(w_uv, w_o, num_heads):
+    return w_o @ w_uv
+
+
+def merge_transposed(w_uv, w_o, num_heads):
+    return merge_right(w_uv, w_o, num_heads).T
+
+
+def merge_stacked(w_uv, w_o, num_heads):
+    D = w_uv.size(0) // num_heads
+    return torch.stack([w_o[:, h * D:(h + 1) * D] @ w_uv[h * D:(h + 1) * D] for h in range(num_heads)])
+
+
+def merge_wrong_split(w_uv, w_o, num_heads):
+    E, HD = w_o.shape
+    D = HD // num_heads
+    uv = w_uv.view(D, num_heads, -1).transpose(0, 1)
+    return torch.einsum("ehd,hdc->ehc", w_o.view(E, num_heads, D), uv).reshape(E, -1)
+
+
+def merge_wo_wrong_split(w_uv, w_o, num_heads):
+    E, HD = w_o.shape
+    D = HD // num_heads
+    o = w_o.view(E, D, num_heads).transpose(1, 2)  # head h takes columns h, h + H, ...
+    return torch.einsum("ehd,hdc->ehc", o, w_uv.view(num_heads, D, -1)).reshape(E, -1)
+
+
+def merge_reversed(w_uv, w_o, num_heads):
+    D = w_uv.size(0) // num_heads
+    return torch.cat([w_o[:, h * D:(h + 1) * D] @ w_uv[h * D:(h + 1) * D] for h in reversed(range(num_heads))], dim=1)
+
+
+def merge_wo_rows(w_uv, w_o, num_heads):
+    """Head h's block taken from W_O's rows h*D..: only runs when E == H * D, and is wrong then too."""
+    D = w_uv.size(0) // num_heads
+    return torch.cat([w_o[h * D:(h + 1) * D].T @ w_uv[h * D:(h + 1) * D] for h in range(num_heads)], dim=1)
+
+
+def merge_in_place(w_uv, w_o, num_heads):
+    w_o.mul_(1.0)
+    w_uv.add_(0.0)
+    return merge_right(w_uv.mul_(2.0), w_o, num_heads) / 2
+
+
+def merge_package(w_uv, w_o, num_heads):
+    ac.MultiHeadLatentAttention(4, 1, 2, 2)
+    return merge_right(w_uv, w_o, num_heads)
+
+
+CASES = [
+    # (check, answer, expected status, words the message must contain)
+    (check_cache_per_token, cache_right, "correct", "2.25 groups"),
+    (check_cache_per_token, cache_numpy_and_fraction, "correct", "Table 9"),
+    (check_cache_per_token, cache_tensors, "correct", "Table 9"),
+    (check_cache_per_token, cache_package, "incorrect", "you called attn_course.cache_elements_per_token"),
+    (check_cache_per_token, cache_mha_no_values, "incorrect", "a key *and* a value"),
+    (check_cache_per_token, cache_one_layer, "incorrect", "one layer's cache"),
+    (check_cache_per_token, cache_mla_one_layer, "incorrect", "one layer's cache"),
+    (check_cache_per_token, cache_rope_per_head, "incorrect", "rotary key per head"),
+    (check_cache_per_token, cache_latent_twice, "incorrect", "the latent is cached once"),
+    (check_cache_per_token, cache_no_rope_key, "incorrect", "leaves out the decoupled rotary key"),
+    (check_cache_per_token, cache_groups_keys_only, "incorrect", "a GQA group caches a key and a value"),
+    (check_cache_per_token, cache_groups_fraction, "incorrect", "fraction of MHA's cache"),
+    (check_cache_per_token, cache_groups_all_layers, "incorrect", "compares all layers"),
+    (check_cache_per_token, cache_groups_rounded, "incorrect", "equivalent_groups should be 2.25, got 3"),
+    (check_cache_per_token, cache_float_elements, "incorrect", "return an integer"),
+    (check_cache_per_token, cache_two_values, "incorrect", "got 2 item(s)"),
+    (check_absorbed_scores, scores_right, "correct", "no key is rebuilt"),
+    (check_absorbed_scores, scores_joint_key, "correct", "no key is rebuilt"),
+    (check_absorbed_scores, scores_loop, "correct", "no key is rebuilt"),
+    (check_absorbed_scores, scores_naive, "incorrect", "the up-projection the absorbed form avoids"),
+    (check_absorbed_scores, scores_naive_per_head, "incorrect", "the up-projection the absorbed form avoids"),
+    (check_absorbed_scores, scores_naive_in_chunks, "incorrect", "never up-projects the cache"),
+    (check_absorbed_scores, scores_elementwise, "correct", "no key is rebuilt"),
+    (check_absorbed_scores, scores_scale_d, "incorrect", "scale is 1/sqrt(d_h + d_h^R)"),
+    (check_absorbed_scores, scores_unscaled, "incorrect", "not scaled"),
+    (check_absorbed_scores, scores_no_rope, "incorrect", "rotary part q_R . k_R is missing"),
+    (check_absorbed_scores, scores_wrong_split, "incorrect", "split the wrong way"),
+    (check_absorbed_scores, scores_heads_summed, "incorrect", "the sum over heads"),
+    (check_absorbed_scores, scores_softmaxed, "incorrect", "values differ"),
+    (check_absorbed_scores, scores_in_place, "incorrect", "changed its input `q_content` in place"),
+    (check_absorbed_scores, scores_package, "incorrect", "you called attn_course.MultiHeadLatentAttention"),
+    (check_absorbed_scores, scores_float32, "incorrect", "expected dtype torch.float64"),
+    (check_absorbed_scores, scores_first_batch_only, "incorrect", "values differ"),
+    (check_merged_output, merge_right, "correct", "4 times larger"),
+    (check_merged_output, merge_einsum, "correct", "4 times larger"),
+    (check_merged_output, merge_block_diagonal, "correct", "4 times larger"),
+    (check_merged_output, merge_whole, "incorrect", "adds the heads' products together"),
+    (check_merged_output, merge_transposed, "incorrect", "is the transpose"),
+    (check_merged_output, merge_stacked, "incorrect", "side by side"),
+    (check_merged_output, merge_wrong_split, "incorrect", "split the wrong way"),
+    (check_merged_output, merge_wo_wrong_split, "incorrect", "W_O's columns are split into heads the wrong way"),
+    (check_merged_output, merge_reversed, "incorrect", "reverse order"),
+    (check_merged_output, merge_wo_rows, "error", "RuntimeError"),
+    (check_merged_output, merge_in_place, "incorrect", "in place"),
+    (check_merged_output, merge_package, "incorrect", "you called attn_course.MultiHeadLatentAttention"),
+]
+
+
+@pytest.mark.parametrize("check, answer, status, words", CASES, ids=[f"{c.__name__}-{a.__name__}" for c, a, _, _ in CASES])
+def test_feedback(check, answer, status, words):
+    feedback = check(answer)
+    assert feedback.status == status, str(feedback)
+    assert words in str(feedback), str(feedback)
+    assert bool(feedback) == (status == "correct")
+    if status in ("incorrect", "error"):
+        assert "Hint:" in str(feedback)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_scaffold_is_not_attempted_and_crashes_are_reported_without_traceback(check):
+    assert check(scaffold).status == "not attempted"
+    assert check(None).status == "not attempted"
+    feedback = check(crashes)
+    assert feedback.status == "error"
+    assert "RuntimeError: shapes do not match" in str(feedback) and "Traceback" not in str(feedback)
+    assert check("not a function").status == "incorrect"
+
+
+def test_the_size_watch_lets_the_absorbed_form_through_and_leaves_no_mode_behind():
+    modes = torch._C._len_torch_dispatch_stack() if hasattr(torch._C, "_len_torch_dispatch_stack") else None
+    assert check_absorbed_scores(scores_naive).status == "incorrect"
+    assert check_absorbed_scores(crashes).status == "error"
+    assert check_absorbed_scores(scores_right)
+    if modes is not None:
+        assert torch._C._len_torch_dispatch_stack() == modes
+    torch.testing.assert_close(torch.ones(2) @ torch.ones(2), torch.tensor(2.0))
+
+
+def test_the_notebooks_random_state_is_left_alone():
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    for check, answer in ((check_cache_per_token, cache_right), (check_absorbed_scores, scores_right),
+                          (check_merged_output, merge_right)):
+        assert check(answer)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_GRADED", "1")
+    feedback = check_absorbed_scores(scores_no_rope)
+    assert feedback.status == "incorrect" and "rotary part q_R . k_R is missing" in str(feedback)
+    assert "Hint" not in str(feedback)
