@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..simple import simple_self_attention
+from ..utils import get_device
 from . import (Mismatch, call, exercise, expect, expect_close, expect_same_device, expect_sequence, expect_tensor,
                forbidden, large_scores, other_sizes, randn, rng)
 from ._core import _StudentCodeFailed
@@ -233,12 +234,8 @@ def _other_device() -> torch.device:
     """Where exercise 3 tries the answer once more: the notebook's GPU when there is one (CUDA, then Apple's
     MPS), else PyTorch's "meta" device, which has shapes and dtypes but no values. A mask made without
     ``device=`` lives on the CPU, and mixing it with the inputs fails on meta as it does on a GPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("meta")
+    device = get_device()
+    return device if device.type != "cpu" else torch.device("meta")
 
 
 class _NoData(RuntimeError):
