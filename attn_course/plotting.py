@@ -242,5 +242,7 @@ def plot_query_row(allowed, weights, labels: Sequence[str], query: int, *, figsi
     seen = [labels[key] for key in range(T) if bool(mask[query, key])]
     right.set_title(f"query {query} '{labels[query]}' sees: {', '.join(seen) if seen else 'nothing (output = 0)'}",
                     fontsize=9)
-    fig.subplots_adjust(wspace=0.35)
+    # Fixed margins that hold rotated labels of a few characters ("<pad>"): the same layout for every query
+    # and every sentence, so that an explorable's views, saved uncropped, all have one size.
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.3, top=0.88, wspace=0.35)
     return fig

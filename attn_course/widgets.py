@@ -16,12 +16,16 @@ __all__ = ["explorable", "figure_to_png"]
 MAX_VIEWS = 64
 
 
-def figure_to_png(fig, dpi: int = 80) -> bytes:
-    """Render a matplotlib figure to PNG bytes and close it (so that it is not shown twice)."""
+def figure_to_png(fig, dpi: int = 80, tight: bool = True) -> bytes:
+    """Render a matplotlib figure to PNG bytes and close it (so that it is not shown twice).
+
+    ``tight=True`` crops the picture to what is drawn; ``tight=False`` keeps the figure's own size, so that
+    views whose labels differ in length still come out the same size.
+    """
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
     plt.close(fig)
     return buffer.getvalue()
 
@@ -50,6 +54,7 @@ def explorable(
     kinds: dict[str, str] | None = None,
     labels: dict[str, Sequence[str]] | None = None,
     dpi: int = 80,
+    tight: bool = True,
 ):
     """Make an explorable picture: one control per parameter, every view precomputed.
 
@@ -60,6 +65,9 @@ def explorable(
         kinds: parameter name -> ``"slider"`` (default), ``"dropdown"`` or ``"buttons"``.
         labels: parameter name -> the text shown for each value (default ``str(value)``).
         dpi: resolution of the pictures.
+        tight: crop each picture to what it draws (the default), or keep the figure's size (``False``), so
+            that every view has the same size and the page does not jump when the control moves; the
+            figure's own layout must then leave room for its labels.
 
     Returns:
         An ``ipywidgets.VBox`` with the controls above the picture. Display it as a cell's last
@@ -95,7 +103,7 @@ def explorable(
 
     def picture(values: dict[str, Any]):
         out = render(**values)
-        png = out if isinstance(out, (bytes, bytearray)) else figure_to_png(out, dpi=dpi)
+        png = out if isinstance(out, (bytes, bytearray)) else figure_to_png(out, dpi=dpi, tight=tight)
         return widgets.Image(value=bytes(png), format="png", layout=widgets.Layout(max_width="100%", height="auto"))
 
     controls = [

@@ -48,6 +48,24 @@ def test_explorable_with_two_parameters_nests_stacks():
         assert any(l.source == (head_control, "index") and l.target == (inner, "selected_index") for l in links)
 
 
+def test_explorable_can_keep_every_view_the_same_size():
+    import struct
+
+    def labelled(word):  # labels of different lengths: cropped views differ in size
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot([0, 1], [0, 1])
+        ax.set_yticks([0, 1], labels=[word, word])
+        fig.subplots_adjust(left=0.4)
+        return fig
+
+    def sizes(box):
+        return {struct.unpack(">II", bytes(c.value)[16:24]) for c in box.children[1].children}
+
+    words = {"word": ["a", "a much longer label"]}
+    assert len(sizes(ac.explorable(labelled, words, dpi=100))) == 2
+    assert sizes(ac.explorable(labelled, words, dpi=100, tight=False)) == {(300, 200)}  # 3 x 2 inches at 100 dpi
+
+
 def test_explorable_refuses_too_many_views():
     with pytest.raises(ValueError, match="views"):
         ac.explorable(_figure, {"a": list(range(10)), "b": list(range(10))})
