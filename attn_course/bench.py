@@ -53,6 +53,7 @@ __all__ = [
     "benchmark",
     "time_forward_backward",
     "peak_memory_bytes",
+    "operator_counts",
     "synchronize",
     "to_markdown",
     "to_csv",
@@ -258,13 +259,65 @@ def _native_stderr_silenced():
             os.close(saved)
 
 
+def _profiled(fn: Callable[[], object]):
+    """Run ``fn()`` under ``torch.profiler`` with memory records, its start-up line on stderr hidden."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return prof
+
+
+def _allocation_records(prof) -> list[tuple[float, int]]:
+    """Every CPU allocation (+ bytes) and release (- bytes) that ``prof`` recorded, in the order they happened.
+
+    Each record carries its own time stamp, whichever operator (or none) it happened in; the records
+    are read from the profiler's event tree (what ``torch.profiler``'s own memory timeline reads), or,
+    where a torch build lacks it, from the Chrome trace that :meth:`export_chrome_trace` writes.
+    """
+    records = []
+    try:
+        roots = prof.profiler.kineto_results.experimental_event_tree()
+        from torch._C._profiler import _EventType
+
+        allocation = _EventType.Allocation
+    except (AttributeError, ImportError):
+        roots = None
+    if roots is not None:
+        stack = list(reversed(roots))  # depth first, children in order
+        while stack:
+            node = stack.pop()
+            if node.tag == allocation and str(node.extra_fields.device).startswith("cpu"):
+                records.append((node.start_time_ns, len(records), int(node.extra_fields.alloc_size)))
+            stack.extend(reversed(node.children))
+    else:
+        import json
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path, encoding="utf-8") as f:
+                trace = json.load(f)
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        for event in events:
+            args = event.get("args", {})
+            if event.get("name") == "[memory]" and args.get("Device Type", 0) == 0:  # 0: the CPU
+                records.append((float(event["ts"]), len(records), int(args["Bytes"])))
+    records.sort()  # by time; records of the same time stay in the order they were recorded
+    return [(time_stamp, size) for time_stamp, _, size in records]
+
+
 def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
     """Peak memory that ``fn()`` allocates on ``device`` beyond what was allocated before it ran.
 
-    On CUDA this is exact (``torch.cuda.max_memory_allocated``). On the CPU it is reconstructed
-    from ``torch.profiler``'s memory records: every allocation and release, in the order the
-    operators started (close to exact; a temporary allocated and freed inside one operator is not
-    seen). Elsewhere (MPS) it returns None.
+    On CUDA this is exact (``torch.cuda.max_memory_allocated``). On the CPU it replays, in the
+    order they happened, every allocation and release through PyTorch's allocator that
+    ``torch.profiler`` records (with ``profile_memory=True``), inside operators or between them, and
+    returns the highest running total. It therefore sees a kernel's scratch buffers, temporaries
+    freed inside one operator, and tensors kept for the backward pass. It does not see memory that
+    a library allocates by itself, outside PyTorch's allocator (a BLAS's packing buffers, say).
+    Elsewhere (MPS) it returns None.
 
     Args:
         fn: the work to measure, for example a forward and backward pass.
@@ -283,16 +336,34 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int | N
         return torch.cuda.max_memory_allocated(device) - before
     if device.type != "cpu":
         return None
-    from torch.profiler import ProfilerActivity, profile
-
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
     current = peak = 0
-    for event in events:  # each event's own allocations (+) and releases (-), children counted on their own
-        current += event.self_cpu_memory_usage
+    for _, size in _allocation_records(_profiled(fn)):
+        current += size
         peak = max(peak, current)
     return peak
+
+
+def operator_counts(fn: Callable[[], object]) -> dict[str, int]:
+    """How many times ``fn()`` called each PyTorch operator, as ``torch.profiler`` records them.
+
+    For example ``operator_counts(lambda: F.scaled_dot_product_attention(q, k, v))`` names the kernel
+    that PyTorch dispatched to on this machine, and counting ``"aten::matmul"`` counts the matrix
+    products of a Python loop.
+
+    Args:
+        fn: the work to inspect.
+
+    Returns:
+        ``{operator name: number of calls}``, in the order the operators were first called.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    counts: dict[str, int] = {}
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        counts[event.name] = counts.get(event.name, 0) + 1
+    return counts
 
 
 def _check_agreement(outputs: dict[str, torch.Tensor]) -> None:

@@ -89,6 +89,79 @@ def test_peak_memory_sees_an_allocation_and_the_quadratic_weights():
     assert peak_memory_bytes(lambda: None, "meta") is None
 
 
+MIB8 = 8 * 2**20
+
+
+def _freed_inside_an_operator():
+    # An enclosing event (as an autograd Function or a fused kernel is) that allocates 8 MiB and frees it
+    # before it ends: the release belongs to the outer event, the allocation to aten::empty inside it.
+    with torch.autograd.profiler.record_function("outer"):
+        scratch = torch.empty(MIB8, dtype=torch.uint8)
+        scratch.fill_(1)
+        del scratch
+
+
+def _held_while_more_is_allocated():
+    kept = torch.empty(MIB8, dtype=torch.uint8)  # 8 MiB alive ...
+    with torch.autograd.profiler.record_function("outer"):
+        more = torch.empty(MIB8 // 2, dtype=torch.uint8)  # ... while 4 MiB more come and go
+        del more
+    del kept
+
+
+def test_peak_memory_counts_known_allocations_in_the_order_they_happen():
+    # The review's case: a parent event's releases booked at its start hid the 8 MiB entirely.
+    assert peak_memory_bytes(_freed_inside_an_operator, "cpu") == MIB8
+    assert peak_memory_bytes(_held_while_more_is_allocated, "cpu") == MIB8 + MIB8 // 2
+    assert peak_memory_bytes(lambda: torch.empty(MIB8, dtype=torch.uint8), "cpu") == MIB8  # returned, then freed
+    assert peak_memory_bytes(lambda: None, "cpu") == 0
+
+
+def test_peak_memory_sees_the_tiles_and_the_fused_kernels_buffers():
+    torch.manual_seed(0)
+    L, D = 1024, 16
+    q, k, v = (torch.randn(1, 2, L, D, requires_grad=True) for _ in range(3))
+
+    def tiled(block):
+        return lambda: ac.tiled_attention(q, k, v, is_causal=True, query_block_size=block, key_block_size=block).sum().backward()
+
+    small, large = peak_memory_bytes(tiled(64), "cpu"), peak_memory_bytes(tiled(512), "cpu")
+    tile_bytes = 2 * 512 * 512 * 4  # one (B, H, 512, 512) float32 tile of scores
+    assert large >= 3 * tile_bytes > small, (small, large)  # a larger tile, a larger working set
+    gradients_and_output = 4 * 2 * L * D * 4  # q.grad, k.grad, v.grad and the output, (1, 2, L, D) float32 each
+    fused = peak_memory_bytes(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                              .sum().backward(), "cpu")
+    assert fused > gradients_and_output  # the old reconstruction returned exactly the gradients' 3 * 2 * L * D * 4
+
+
+def test_peak_memory_reads_the_chrome_trace_where_the_event_tree_is_missing():
+    class WithoutEventTree:  # a profiler result as a torch build without experimental_event_tree gives it
+        def __init__(self, prof):
+            self._prof = prof
+
+        @property
+        def profiler(self):
+            raise AttributeError("no event tree")
+
+        def export_chrome_trace(self, path):
+            self._prof.export_chrome_trace(path)
+
+    prof = bench._profiled(_held_while_more_is_allocated)
+    from_tree = [size for _, size in bench._allocation_records(prof)]
+    from_trace = [size for _, size in bench._allocation_records(WithoutEventTree(prof))]
+    assert from_tree == from_trace == [MIB8, MIB8 // 2, -(MIB8 // 2), -MIB8]
+
+
+def test_operator_counts_name_the_kernel_and_count_the_products():
+    q = torch.randn(1, 2, 100, 16)
+    with torch.no_grad():
+        counts = bench.operator_counts(lambda: ac.tiled_attention(q, q, q, is_causal=True, query_block_size=32,
+                                                                  key_block_size=32))
+        fused = bench.operator_counts(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
+    assert counts["aten::matmul"] == 2 * 10  # 10 of the 16 tiles of 32 (the causal skip), two products each
+    assert "aten::scaled_dot_product_attention" in fused and "aten::matmul" not in fused
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_peak_memory_on_cuda():
     assert peak_memory_bytes(lambda: torch.ones(2**20, device="cuda"), "cuda") >= 4 * 2**20
