@@ -156,6 +156,20 @@ class Cache:
         """Forget every position (the buffers are kept and overwritten)."""
         self._lengths = [0] * len(self._lengths)
 
+    def crop(self, length: int) -> None:
+        """Forget the positions from ``length`` on, in every layer; the first ``length`` stay.
+
+        The next update writes at position ``length`` again: to time the same decoding step
+        several times, or to drop tokens that a draft proposed and the model rejected.
+
+        Args:
+            length: positions to keep, at most the fewest that any layer holds.
+        """
+        check_positive_int("length", length, allow_zero=True)
+        if length > min(self._lengths):
+            raise ValueError(f"length must be at most the {min(self._lengths)} positions every layer holds, got {length}")
+        self._lengths = [length] * len(self._lengths)
+
     def _check_layer(self, layer: int) -> None:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {describe(layer)}")
@@ -295,6 +309,13 @@ class RollingKVCache(_HeadCache):
     def length(self) -> int:
         """Number of positions seen so far (in the first layer); at most ``window`` of them are kept."""
         return self._lengths[0]
+
+    def crop(self, length: int) -> None:
+        """Forget the positions from ``length`` on; possible only while nothing was overwritten yet."""
+        if max(self._lengths) > self.window:
+            raise ValueError(f"a rolling cache that has seen {max(self._lengths)} positions in a window of {self.window} "
+                             "has overwritten the older ones: it cannot go back")
+        super().crop(length)
 
     def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys and values of new positions; return the kept old ones followed by the new ones.

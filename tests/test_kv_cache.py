@@ -33,6 +33,35 @@ def test_cache_appends_and_returns_everything_so_far():
     assert cache.length == 0
 
 
+def test_crop_forgets_the_last_positions_so_that_a_step_can_be_repeated():
+    cache = KVCache(num_layers=2, batch_size=1, num_heads=2, head_dim=3, max_len=8)
+    prompt, token = torch.randn(1, 2, 5, 3), torch.randn(1, 2, 1, 3)
+    for layer in range(2):
+        cache.update(layer, prompt, prompt)
+    cache.update(0, token, token)
+    with pytest.raises(ValueError, match="at most the 5 positions"):
+        cache.crop(6)  # layer 1 holds only 5
+    cache.crop(5)
+    assert cache._lengths == [5, 5]
+    keys, _ = cache.update(0, -token, -token)  # written at position 5 again
+    assert torch.equal(keys[:, :, 5:], -token) and cache.length == 6
+    cache.crop(0)
+    assert cache.length == 0
+    for bad, error in ((-1, ValueError), (1.5, TypeError)):
+        with pytest.raises(error, match="length"):
+            cache.crop(bad)
+
+
+def test_a_rolling_cache_crops_only_before_it_wraps():
+    cache = ac.RollingKVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=2, window=3)
+    cache.update(0, torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2))
+    cache.crop(1)
+    assert cache.length == 1
+    cache.update(0, torch.randn(1, 1, 4, 2), torch.randn(1, 1, 4, 2))  # 5 seen: positions 0 and 1 overwritten
+    with pytest.raises(ValueError, match="cannot go back"):
+        cache.crop(4)
+
+
 @pytest.mark.parametrize(
     "layer, keys, error, text",
     [
