@@ -16,7 +16,7 @@ import solution_cells  # noqa: E402  (tools/solution_cells.py)
 CHAPTER_ORDER = [
     "01_why_attention", "02_simple_self_attention", "03_scaled_dot_product_attention", "04_causal_attention",
     "05_multi_head_attention", "06_positional_encoding", "07_character_translator", "08_efficient_attention",
-    "09_rotary_and_alibi", "10_grouped_query_attention", "12_linear_attention",
+    "09_rotary_and_alibi", "10_grouped_query_attention", "11_latent_attention", "12_linear_attention",
 ]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 
