@@ -1,10 +1,14 @@
-"""The exercise checks of chapter 05: a right answer passes, a wrong one says what is wrong, a crash
-is reported without a traceback, and the untouched scaffold counts as not attempted."""
+"""The exercise checks of chapter 05: a right answer, written several ways, passes; each plausible wrong
+answer is rejected with a message that names the mistake (the answers the review found accepted among
+them: code that reads the notebook's globals B, T, E = 2, 5, 12, and an exercise 4 that calls ``mha``);
+a crash is reported without a traceback; the untouched scaffold counts as not attempted."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import attn_course as ac
 
@@ -16,10 +20,14 @@ from attn_course.exercises.ch05 import (
     check_split_heads,
 )
 
+B, T, E = 2, 5, 12  # the notebook's globals, which the answers below that read them must not get away with
+
 
 def scaffold(*args):
     ...
 
+
+# --- Exercise 1: split and merge -----------------------------------------------------------------
 
 def split_heads(x, num_heads):
     B, T, E = x.shape
@@ -31,33 +39,147 @@ def merge_heads(context):
     return context.transpose(1, 2).reshape(B, T, H * D)
 
 
+def split_unflatten(x, num_heads):  # another right answer
+    return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+
+
+def split_stack(x, num_heads):  # and another: one slice of the width per head, stacked on a new axis 1
+    return torch.stack(x.split(x.size(-1) // num_heads, dim=-1), dim=1)
+
+
+def split_permute(x, num_heads):  # and another
+    return x.reshape(x.size(0), x.size(1), num_heads, -1).permute(0, 2, 1, 3).contiguous()
+
+
+def merge_flatten(context):  # another right answer
+    return context.permute(0, 2, 1, 3).flatten(2)
+
+
+def merge_cat(context):  # and another: the heads' outputs side by side
+    return torch.cat(context.unbind(1), dim=-1)
+
+
+def split_globals(x, num_heads):  # the review: the notebook's B, T, E read from the globals
+    return x.view(B, T, num_heads, E // num_heads).transpose(1, 2)
+
+
+def merge_globals(context):  # the review: literally the code of the notebook's section 3
+    return context.transpose(1, 2).reshape(B, T, E)
+
+
+def split_three_heads(x, num_heads):  # the notebook's H = 3, whatever num_heads says
+    return split_heads(x, 3)
+
+
+def split_view_bhtd(x, num_heads):
+    return x.reshape(x.size(0), num_heads, x.size(1), -1)
+
+
+def split_interleaved(x, num_heads):
+    return x.reshape(x.size(0), x.size(1), -1, num_heads).permute(0, 3, 1, 2)
+
+
+def split_d_t(x, num_heads):  # (B, H, D, T): a transpose too many
+    return split_heads(x, num_heads).transpose(-2, -1)
+
+
+def split_in_place(x, num_heads):  # right values, but the caller's x is scaled and scaled back in place
+    x.mul_(2.0)
+    heads = split_heads(x, num_heads) / 2
+    return heads
+
+
+def split_half(x, num_heads):  # right layout, computed in float16
+    return split_heads(x.half(), num_heads)
+
+
+def split_long(x, num_heads):
+    return split_heads(x, num_heads).long()
+
+
+def merge_no_transpose(context):
+    return context.reshape(context.size(0), context.size(2), -1)
+
+
+def merge_interleaved(context):
+    return context.permute(0, 2, 3, 1).reshape(context.size(0), context.size(2), -1)
+
+
+def merge_transpose_only(context):
+    return context.transpose(1, 2)
+
+
+# --- Exercise 2: the fused projection ------------------------------------------------------------
+
 def split_fused_qkv(qkv, num_heads):
     E = qkv.size(-1) // 3
     return tuple(split_heads(t, num_heads) for t in qkv.split(E, dim=-1))
 
 
-def split_fused_qkv_by_permute(qkv, num_heads):
-    # the same answer written another way: one view with an axis for q/k/v, then one permute
+def fused_by_permute(qkv, num_heads):  # another right answer: one view with an axis for q/k/v, one permute
     B, T, three_E = qkv.shape
     D = three_E // 3 // num_heads
     return qkv.view(B, T, 3, num_heads, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D)
 
 
-def fused_per_head_layout(qkv, num_heads):
-    # the other layout: each head's [q_h | k_h | v_h] side by side
+def fused_stacked(qkv, num_heads):  # and another: one (3, B, H, T, D) tensor, which unpacks into q, k, v
     B, T, three_E = qkv.shape
-    return qkv.view(B, T, num_heads, -1).transpose(1, 2).chunk(3, dim=-1)
+    return qkv.view(B, T, 3, num_heads, -1).permute(2, 0, 3, 1, 4)
 
+
+def fused_list(qkv, num_heads):
+    return list(split_fused_qkv(qkv, num_heads))
+
+
+def fused_globals(qkv, num_heads):  # the review: E = 12 from the notebook
+    return tuple(t.view(B, T, num_heads, E // num_heads).transpose(1, 2) for t in qkv.split(E, dim=-1))
+
+
+def fused_width_12(qkv, num_heads):  # E = 12 written in, the sizes read from qkv otherwise
+    return tuple(split_heads(t, num_heads) for t in qkv.split(12, dim=-1))
+
+
+def fused_per_head_layout(qkv, num_heads):  # each head's [q_h | k_h | v_h] side by side
+    return qkv.view(qkv.size(0), qkv.size(1), num_heads, -1).transpose(1, 2).chunk(3, dim=-1)
+
+
+def fused_view_bhtd(qkv, num_heads):
+    E = qkv.size(-1) // 3
+    return tuple(t.reshape(t.size(0), num_heads, t.size(1), -1) for t in qkv.split(E, -1))
+
+
+def fused_interleaved(qkv, num_heads):
+    E = qkv.size(-1) // 3
+    return tuple(t.reshape(t.size(0), t.size(1), -1, num_heads).permute(0, 3, 1, 2) for t in qkv.split(E, -1))
+
+
+def fused_no_transpose(qkv, num_heads):
+    E = qkv.size(-1) // 3
+    return tuple(t.reshape(t.size(0), t.size(1), num_heads, -1) for t in qkv.split(E, -1))
+
+
+def fused_strided_thirds(qkv, num_heads):  # q, k, v taken as every third column
+    return tuple(split_heads(qkv[..., i::3], num_heads) for i in range(3))
+
+
+def fused_chunk_tokens(qkv, num_heads):  # chunked along the tokens instead of the width
+    return tuple(t for t in qkv.chunk(3, dim=1))
+
+
+# --- Exercise 3: parameters ----------------------------------------------------------------------
 
 def count_parameters(embed_dim, num_heads, bias=True, qk_head_dim=None):
     d_k = embed_dim // num_heads if qk_head_dim is None else qk_head_dim
     return 2 * embed_dim * num_heads * d_k + 2 * embed_dim * embed_dim + ((2 * num_heads * d_k + 2 * embed_dim) if bias else 0)
 
 
-def count_parameters_by_projection(embed_dim, num_heads, bias, qk_head_dim=None):
-    # the same count written another way: projection by projection
+def count_by_projection(embed_dim, num_heads, bias, qk_head_dim=None):  # another right answer
     widths = [num_heads * (qk_head_dim or embed_dim // num_heads)] * 2 + [embed_dim, embed_dim]
     return sum(embed_dim * w + (w if bias else 0) for w in widths)
+
+
+def count_numpy(embed_dim, num_heads, bias, qk_head_dim=None):  # a numpy integer is an integer
+    return np.int64(count_parameters(embed_dim, num_heads, bias, qk_head_dim))
 
 
 def count_with(*, qk="H*dk", v="E", out="E", bias_qk="H*dk"):
@@ -71,6 +193,8 @@ def count_with(*, qk="H*dk", v="E", out="E", bias_qk="H*dk"):
     return count
 
 
+# --- Exercise 4: cross-attention with padding ----------------------------------------------------
+
 def cross_attention(queries, memory, mha, key_padding_mask, scale_width=None, use_mask=True, invert=False):
     H = mha.num_heads
     q = split_heads(mha.q_proj(queries), H)  # (B, H, L, D)
@@ -83,15 +207,103 @@ def cross_attention(queries, memory, mha, key_padding_mask, scale_width=None, us
     return mha.out_proj(merge_heads(scores.softmax(-1) @ v))
 
 
+def cross_einsum(queries, memory, mha, key_padding_mask):  # another right answer
+    H, D = mha.num_heads, mha.head_dim
+    q = mha.q_proj(queries).unflatten(-1, (H, D))  # (B, L, H, D)
+    k = mha.k_proj(memory).unflatten(-1, (H, D))  # (B, S, H, D)
+    v = mha.v_proj(memory).unflatten(-1, (H, D))
+    scores = torch.einsum("blhd,bshd->bhls", q, k) / D ** 0.5
+    scores = torch.where(key_padding_mask[:, None, None, :], torch.finfo(scores.dtype).min, scores)
+    context = torch.einsum("bhls,bshd->blhd", F.softmax(scores, dim=-1), v).flatten(2)
+    return mha.out_proj(context)
+
+
+def cross_calls_mha(queries, memory, mha, key_padding_mask):  # the review: accepted until now
+    return mha(queries, memory, memory, key_padding_mask=key_padding_mask)
+
+
+def cross_calls_forward(queries, memory, mha, key_padding_mask):
+    return mha.forward(queries, memory, memory, key_padding_mask=key_padding_mask)[0]
+
+
+def cross_calls_class_forward(queries, memory, mha, key_padding_mask):
+    return type(mha).forward(mha, queries, memory, memory, key_padding_mask=key_padding_mask)[0]
+
+
+def cross_sdpa(queries, memory, mha, key_padding_mask):
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=~key_padding_mask[:, None, None, :])
+    return mha.out_proj(merge_heads(context))
+
+
+def cross_torch_module(queries, memory, mha, key_padding_mask):
+    torch_mha = torch.nn.MultiheadAttention(mha.embed_dim, mha.num_heads, batch_first=True)
+    return torch_mha(queries, memory, memory, key_padding_mask=key_padding_mask)[0]
+
+
+def cross_after_softmax(queries, memory, mha, key_padding_mask):
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    weights = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(-1)
+    weights = weights.masked_fill(key_padding_mask[:, None, None, :], 0.0)
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_mask_on_queries(queries, memory, mha, key_padding_mask):
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, :, None],
+                                                                          float("-inf"))
+    return mha.out_proj(merge_heads(scores.softmax(-1) @ v))
+
+
+def cross_right_padding_assumed(queries, memory, mha, key_padding_mask):  # rebuilds the mask from the lengths
+    lengths = (~key_padding_mask).sum(-1)
+    rebuilt = torch.arange(memory.size(1))[None, :] >= lengths[:, None]
+    return cross_attention(queries, memory, mha, rebuilt)
+
+
+def cross_inverts_in_place(queries, memory, mha, key_padding_mask):  # flips the caller's mask to "allowed"
+    allowed = key_padding_mask.logical_not_()
+    return cross_attention(queries, memory, mha, ~allowed)
+
+
+def cross_pair(queries, memory, mha, key_padding_mask):
+    out = cross_attention(queries, memory, mha, key_padding_mask)
+    return out, None
+
+
+def cross_keys_from_queries(queries, memory, mha, key_padding_mask):
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.v_proj, mha.k_proj))  # keys and values swapped
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :],
+                                                                          float("-inf"))
+    return mha.out_proj(merge_heads(scores.softmax(-1) @ v))
+
+
 RIGHT = [
     (check_split_heads, split_heads),
+    (check_split_heads, split_unflatten),
+    (check_split_heads, split_stack),
+    (check_split_heads, split_permute),
     (check_merge_heads, merge_heads),
+    (check_merge_heads, merge_flatten),
+    (check_merge_heads, merge_cat),
     (check_split_fused_qkv, split_fused_qkv),
-    (check_split_fused_qkv, split_fused_qkv_by_permute),
-    (check_split_fused_qkv, lambda qkv, h: list(split_fused_qkv(qkv, h))),
+    (check_split_fused_qkv, fused_by_permute),
+    (check_split_fused_qkv, fused_stacked),
+    (check_split_fused_qkv, fused_list),
     (check_count_parameters, count_parameters),
-    (check_count_parameters, count_parameters_by_projection),
+    (check_count_parameters, count_by_projection),
+    (check_count_parameters, count_numpy),
+    (check_count_parameters, lambda e, h, b, dk: torch.tensor(count_parameters(e, h, b, dk))),
     (check_cross_attention, cross_attention),
+    (check_cross_attention, cross_einsum),
 ]
 
 
@@ -102,7 +314,8 @@ def test_right_answers_pass(check, answer):
     assert bool(feedback)
 
 
-@pytest.mark.parametrize("check", [c for c, _ in RIGHT], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("check", [check_split_heads, check_merge_heads, check_split_fused_qkv, check_count_parameters,
+                                   check_cross_attention], ids=lambda f: f.__name__)
 def test_untouched_scaffold_is_not_attempted(check):
     for answer in (scaffold, ...):
         feedback = check(answer)
@@ -110,88 +323,117 @@ def test_untouched_scaffold_is_not_attempted(check):
         assert "Not attempted yet" in str(feedback)
 
 
+# Answers that crash: reported with the inputs they failed on, without a traceback. The first three are
+# the review's accepted answers, which read the notebook's B, T, E.
 @pytest.mark.parametrize(
-    "check, answer, error",
+    "check, answer, words",
     [
+        (check_split_heads, split_globals, "called with x of shape (3, 7, 24)"),
+        (check_merge_heads, merge_globals, "called with context of shape (3, 2, 7, 12)"),
+        (check_split_fused_qkv, fused_globals, "called with qkv of shape (3, 7, 72)"),
         (check_split_heads, lambda x, h: x.view(x.size(0), x.size(1), h, 5), "RuntimeError"),
         (check_merge_heads, lambda c: c.transpose(1, 2).view(c.size(0), c.size(2), -1), "RuntimeError"),
-        # chunked along the token axis instead of the width: the view then fails
-        (check_split_fused_qkv, lambda qkv, h: tuple(t.view(2, 5, h, -1).transpose(1, 2) for t in qkv.chunk(3, dim=1)),
-         "RuntimeError"),
         (check_count_parameters, lambda e, h, b, dk: e / 0, "ZeroDivisionError"),
         (check_cross_attention, lambda q, m, mha, kpm: q @ m, "RuntimeError"),
+        # the mask along the queries: it broadcasts only when L == S (then it is named, see WRONG)
+        (check_cross_attention, cross_mask_on_queries, "called with queries of shape (3, 4, 24), memory of shape (3, 7, 24)"),
     ],
 )
-def test_crashing_answers_are_reported_without_a_traceback(check, answer, error):
+def test_crashing_answers_are_reported_without_a_traceback(check, answer, words):
     feedback = check(answer)
-    assert feedback.status == "error"
-    assert error in feedback.message and "Traceback" not in str(feedback)
+    assert feedback.status == "error", str(feedback)
+    assert words in feedback.message and "Traceback" not in str(feedback), feedback.message
     assert "Hint:" in str(feedback)
 
 
 # The table of plausible wrong answers: each must be rejected ("incorrect") with a message naming the mistake.
-@pytest.mark.parametrize(
-    "check, answer, words",
-    [
-        (check_split_heads, lambda x, h: x.reshape(x.size(0), h, x.size(1), -1), "viewed x as (B, H, T, D) directly"),
-        (check_split_heads, lambda x, h: x.view(x.size(0), x.size(1), -1, h).permute(0, 3, 1, 2), "interleaved"),
-        (check_split_heads, lambda x, h: x.view(x.size(0), x.size(1), h, -1), "expected shape"),
-        (check_merge_heads, lambda c: c.reshape(c.size(0), c.size(2), -1), "without moving the head axis"),
-        (check_merge_heads, lambda c: c.transpose(1, 2), "expected shape (2, 5, 12)"),
-        # Exercise 2: the other layout, the wrong order, the classic view, no transpose, interleaved heads, one tensor
-        (check_split_fused_qkv, fused_per_head_layout, "[q_h | k_h | v_h]"),
-        (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv, h)[::-1], "wrong order (v, k, q)"),
-        (check_split_fused_qkv, lambda qkv, h: (lambda q, k, v: (k, q, v))(*split_fused_qkv(qkv, h)), "wrong order (k, q, v)"),
-        (check_split_fused_qkv, lambda qkv, h: tuple(t.reshape(t.size(0), h, t.size(1), -1) for t in qkv.split(12, -1)),
-         "viewed each as (B, H, T, D) directly"),
-        (check_split_fused_qkv, lambda qkv, h: tuple(t.reshape(t.size(0), t.size(1), -1, h).permute(0, 3, 1, 2)
-                                                     for t in qkv.split(12, -1)), "interleaved"),
-        (check_split_fused_qkv, lambda qkv, h: tuple(t.reshape(t.size(0), t.size(1), h, -1) for t in qkv.split(12, -1)),
-         "expected shape (2, 3, 5, 4)"),
-        (check_split_fused_qkv, lambda qkv, h: split_heads(qkv, h), "expected three tensors (q, k, v), got Tensor"),
-        (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv, h)[:2], "of length 2"),
-        (check_split_fused_qkv, lambda qkv, h: tuple(t * 1.01 for t in split_fused_qkv(qkv, h)), "values differ"),
-        # Exercise 3: qk_head_dim ignored, values or output narrowed too, d_k taken as the total width,
-        # the output projection or the biases forgotten, heads multiplied, E-wide query/key biases, not a number
-        (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b), "left qk_head_dim out"),
-        (check_count_parameters, count_with(v="H*dk", out="H*dk"), "narrowed the values and the output projection too"),
-        (check_count_parameters, count_with(v="H*dk"), "narrowed the values too"),
-        (check_count_parameters, count_with(qk="dk", bias_qk="dk"), "not (E, qk_head_dim)"),
-        (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk) - e * e - (e if b else 0),
-         "not the output projection"),
-        (check_count_parameters, lambda e, h, b, dk: h * count_parameters(e, h, b, dk), "does not grow with the number of heads"),
-        (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, False, dk), "left out the four bias vectors"),
-        (check_count_parameters, count_with(bias_qk="E"), "H * qk_head_dim entries each"),
-        (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, True, dk), "With bias=False the projections have no biases"),
-        (check_count_parameters, lambda e, h, b, dk: 4 * e * e + (4 * e if b else 0), "left qk_head_dim out"),
-        (check_count_parameters, lambda e, h, b, dk: "many", "expected a number, got str"),
-        (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, use_mask=False), "no effect"),
-        (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, invert=True), "only to the padding"),
-        (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, scale_width=12), "sqrt(E)"),
-        (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm) + 0.1, "values differ"),
-        (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm)[:, :2], "expected shape (2, 3, 12)"),
-    ],
-)
+WRONG = [
+    # Exercise 1a
+    (check_split_heads, split_view_bhtd, "viewed x as (B, H, T, D) directly"),
+    (check_split_heads, split_interleaved, "interleaved"),
+    (check_split_heads, split_three_heads, "expected 2 heads on axis 1"),
+    (check_split_heads, split_d_t, "expected shape (3, 2, 7, 12)"),
+    (check_split_heads, lambda x, h: x.view(x.size(0), x.size(1), h, -1), "left the head axis behind the token axis"),
+    (check_split_heads, split_in_place, "changed its input `x` in place"),
+    (check_split_heads, split_half, "expected dtype torch.float32, got torch.float16"),
+    (check_split_heads, split_long, "expected dtype torch.float32, got torch.int64"),
+    # Exercise 1b
+    (check_merge_heads, merge_no_transpose, "without moving the head axis"),
+    (check_merge_heads, merge_interleaved, "interleaved"),
+    (check_merge_heads, merge_transpose_only, "expected shape (3, 7, 24)"),
+    (check_merge_heads, lambda c: merge_heads(c) * 1.001, "values differ"),
+    # Exercise 2
+    (check_split_fused_qkv, fused_per_head_layout, "[q_h | k_h | v_h]"),
+    (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv, h)[::-1], "wrong order (v, k, q)"),
+    (check_split_fused_qkv, lambda qkv, h: (lambda q, k, v: (k, q, v))(*split_fused_qkv(qkv, h)), "wrong order (k, q, v)"),
+    (check_split_fused_qkv, fused_view_bhtd, "viewed each as (B, H, T, D) directly"),
+    (check_split_fused_qkv, fused_interleaved, "interleaved"),
+    (check_split_fused_qkv, fused_no_transpose, "expected shape (3, 2, 7, 12)"),
+    (check_split_fused_qkv, fused_width_12, "got 6 item(s)"),
+    (check_split_fused_qkv, fused_strided_thirds, "values differ"),
+    (check_split_fused_qkv, fused_chunk_tokens, "expected shape"),
+    (check_split_fused_qkv, lambda qkv, h: split_heads(qkv, h), "expected three tensors (q, k, v), got one Tensor"),
+    (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv, h)[:2], "got 2 item(s)"),
+    (check_split_fused_qkv, lambda qkv, h: tuple(t * 1.01 for t in split_fused_qkv(qkv, h)), "values differ"),
+    # Exercise 3: qk_head_dim ignored, values or output narrowed too, d_k taken as the total width, the output
+    # projection or the biases forgotten, heads multiplied, E-wide query/key biases, not an integer
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b), "left qk_head_dim out"),
+    (check_count_parameters, count_with(v="H*dk", out="H*dk"), "narrowed the values and the output projection too"),
+    (check_count_parameters, count_with(v="H*dk"), "narrowed the values too"),
+    (check_count_parameters, count_with(qk="dk", bias_qk="dk"), "not (E, qk_head_dim)"),
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk) - e * e - (e if b else 0),
+     "not the output projection"),
+    (check_count_parameters, lambda e, h, b, dk: h * count_parameters(e, h, b, dk), "does not grow with the number of heads"),
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, False, dk), "left out the four bias vectors"),
+    (check_count_parameters, count_with(bias_qk="E"), "H * qk_head_dim entries each"),
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, True, dk), "With bias=False the projections have no biases"),
+    (check_count_parameters, lambda e, h, b, dk: 4 * e * e + (4 * e if b else 0), "left qk_head_dim out"),
+    (check_count_parameters, lambda e, h, b, dk: "many", "return an integer, got str"),
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk) / 1, "return an integer, got float"),
+    # Exercise 4: mha's own forward, torch's attention (the review: calling mha was accepted), the mask,
+    # the scale, the padding side, the mask changed in place, a pair returned
+    (check_cross_attention, cross_calls_mha, "you called attn_course.MultiHeadAttention"),
+    (check_cross_attention, cross_calls_forward, "you called attn_course.MultiHeadAttention"),
+    (check_cross_attention, cross_calls_class_forward, "you called attn_course.MultiHeadAttention"),
+    (check_cross_attention, cross_sdpa, "you called torch.nn.functional.scaled_dot_product_attention"),
+    (check_cross_attention, cross_torch_module, "you called torch.nn.MultiheadAttention"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, use_mask=False), "no effect"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, invert=True), "True = may attend"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, scale_width=q.size(-1)), "sqrt(E)"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm, scale_width=1), "did not scale"),
+    (check_cross_attention, cross_after_softmax, "after the softmax"),
+    (check_cross_attention, cross_right_padding_assumed, "padded on the left"),
+    (check_cross_attention, lambda q, m, mha, kpm: (cross_mask_on_queries if q.size(1) == m.size(1) else cross_attention)(
+        q, m, mha, kpm), "padded *queries*"),  # named where it broadcasts, L == S
+    (check_cross_attention, cross_inverts_in_place, "changed its input `key_padding_mask` in place"),
+    (check_cross_attention, cross_pair, "not a pair"),
+    (check_cross_attention, cross_keys_from_queries, "values differ"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm) + 0.1, "values differ"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm)[:, :2], "expected shape (3, 4, 24)"),
+]
+
+
+@pytest.mark.parametrize("check, answer, words", WRONG, ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(WRONG)])
 def test_wrong_answers_say_what_is_wrong(check, answer, words):
     feedback = check(answer)
     assert feedback.status == "incorrect", str(feedback)
-    assert words in feedback.message
+    assert words in feedback.message, feedback.message
     assert "Hint:" in str(feedback)
 
 
-def test_count_accepts_a_one_element_tensor_and_the_check_keeps_the_global_rng():
-    assert check_count_parameters(lambda e, h, b, dk: torch.tensor(count_parameters(e, h, b, dk)))
+def test_the_checks_leave_the_global_rng_alone():
     torch.manual_seed(0)
     before = torch.rand(1)
     torch.manual_seed(0)
     check_cross_attention(cross_attention)
+    check_split_heads(split_heads)
     assert torch.equal(torch.rand(1), before)
 
 
 def test_the_count_check_agrees_with_the_module_and_the_papers_rows_b():
-    for E, H, bias, dk in [(512, 8, False, 16), (512, 8, True, 32), (12, 3, True, 8), (768, 12, True, None)]:
-        module = ac.MultiHeadAttention(E, H, bias=bias, qk_head_dim=dk)
-        assert count_parameters(E, H, bias, dk) == sum(p.numel() for p in module.parameters())
+    for E_, H, bias, dk in [(512, 8, False, 16), (512, 8, True, 32), (12, 3, True, 8), (768, 12, True, None)]:
+        module = ac.MultiHeadAttention(E_, H, bias=bias, qk_head_dim=dk)
+        assert count_parameters(E_, H, bias, dk) == sum(p.numel() for p in module.parameters())
     # Table 3 rows (B): 18 attention layers without biases, 65 M parameters at d_k = 64
     for dk, listed in ((16, 58), (32, 60)):
         saved = 18 * (count_parameters(512, 8, False) - count_parameters(512, 8, False, dk))
@@ -206,3 +448,10 @@ def test_fused_split_gives_the_projections_of_nn_multihead_attention():
     qkv = torch.nn.functional.linear(x, torch_mha.in_proj_weight, torch_mha.in_proj_bias)  # (B, T, 3E)
     for got, proj in zip(split_fused_qkv(qkv, 3), (ours.q_proj, ours.k_proj, ours.v_proj)):
         torch.testing.assert_close(got, split_heads(proj(x), 3))
+
+
+def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
+    monkeypatch.setenv("ATTN_COURSE_GRADED", "1")
+    feedback = check_cross_attention(cross_calls_mha)
+    assert feedback.status == "incorrect" and "you called" in str(feedback)
+    assert "Hint" not in str(feedback)

@@ -1,13 +1,19 @@
-"""The exercise checks of chapter 06: a right answer passes, a wrong one says what is wrong, a crash
-is reported without a traceback, and the untouched scaffold counts as not attempted."""
+"""The exercise checks of chapter 06: a right answer, written several ways, passes; each plausible wrong
+answer is rejected with a message that names the mistake (the answers the review found accepted among
+them: an exercise 3 that does not wrap the angle difference, or reads each absolute position and
+subtracts, which break where the slowest pair wraps around, near position 23,559; the old exercise 2,
+a copy of a displayed formula, is replaced); a crash is reported without a traceback; the untouched
+scaffold counts as not attempted."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+import attn_course as ac
 from attn_course.exercises.ch06 import (
-    check_encoding_dot_product,
+    check_first_offset_below,
     check_halves_shift_matrix,
     check_recover_offset,
     check_sinusoidal_encoding,
@@ -35,9 +41,47 @@ def sinusoidal_encoding(max_len, d_model, layout="interleaved", column_exponent=
     return pe
 
 
-def encoding_dot_product(k, d_model, pairs=None, two=2, trig=math.cos):
+def similarity(k, d_model, base=10000.0, pairs=None, two=2, normaliser=None):
     pairs = d_model // 2 if pairs is None else pairs
-    return sum(trig(k / 10000 ** (two * i / d_model)) for i in range(pairs))
+    total = sum(math.cos(k / base ** (two * i / d_model)) for i in range(pairs))
+    return total / (d_model / 2 if normaliser is None else normaliser)
+
+
+def first_offset_below(fraction, d_model, base=10000.0, **kwargs):  # try k = 1, 2, 3, ... in turn
+    k = 1
+    while similarity(k, d_model, base, **kwargs) >= fraction:
+        k += 1
+    return k
+
+
+def first_offset_vectorised(fraction, d_model, base=10000.0):  # another right answer: every k at once, torch
+    omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    k = torch.arange(1, 20_001, dtype=torch.float64)
+    similarity = torch.cos(k[:, None] * omega).mean(-1)
+    return int(k[similarity < fraction][0])
+
+
+def first_offset_numpy(fraction, d_model, base=10000.0):  # and another: numpy, a numpy integer returned
+    omega = base ** (-np.arange(0, d_model, 2) / d_model)
+    k = np.arange(1, 20_001)
+    return k[np.cos(k[:, None] * omega).mean(-1) < fraction][0]
+
+
+def first_offset_bisect(fraction, d_model, base=10000.0):  # assumes the similarity falls steadily
+    low, high = 1, 10_000
+    while low < high:
+        middle = (low + high) // 2
+        if similarity(middle, d_model, base) < fraction:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def first_offset_package(fraction, d_model, base=10000.0):  # reads the package's table (base ignored, too)
+    pe = ac.sinusoidal_positional_encoding(3000, d_model, dtype=torch.float64)
+    similarity = (pe[0] @ pe.T) / (pe[0] @ pe[0])
+    return int((similarity[1:] < fraction).nonzero()[0]) + 1
 
 
 def recover_offset(pe_a, pe_b, pair=-1):
@@ -64,9 +108,24 @@ def halves_shift_matrix(k, d_model, sign=1, two=2, layout="halves", dtype=torch.
     return M.to(dtype)
 
 
+def no_wrap_offset(pe_a, pe_b):  # the slowest pair, the difference of its angles not brought into (-π, π]
+    d_model = pe_a.numel()
+    omega = 10000 ** (-(d_model - 2) / d_model)
+    turn = torch.atan2(pe_b[-2], pe_b[-1]) - torch.atan2(pe_a[-2], pe_a[-1])
+    return round(turn.item() / omega)
+
+
+def absolute_positions_offset(pe_a, pe_b):  # read each position off the slowest pair, then subtract
+    d_model = pe_a.numel()
+    omega = 10000 ** (-(d_model - 2) / d_model)
+    return round(torch.atan2(pe_b[-2], pe_b[-1]).item() / omega) - round(torch.atan2(pe_a[-2], pe_a[-1]).item() / omega)
+
+
 RIGHT = [
     (check_sinusoidal_encoding, sinusoidal_encoding),
-    (check_encoding_dot_product, encoding_dot_product),
+    (check_first_offset_below, first_offset_below),
+    (check_first_offset_below, first_offset_vectorised),
+    (check_first_offset_below, first_offset_numpy),
     (check_recover_offset, recover_offset),
     (check_halves_shift_matrix, halves_shift_matrix),
 ]
@@ -96,7 +155,8 @@ def test_other_right_answers_pass():
     assert check_halves_shift_matrix(permuted_shift)
     assert check_halves_shift_matrix(lambda k, d: halves_shift_matrix(k, d, dtype=torch.float32))  # float32 passes
     assert check_recover_offset(lambda a, b: recover_offset(a, b, pair=20))  # any slow-enough pair works
-    assert check_encoding_dot_product(lambda k, d: torch.cos(k * 10000 ** (-torch.arange(0, d, 2) / d)).sum())
+    assert check_recover_offset(lambda a, b: np.int64(recover_offset(a, b)))  # a numpy integer is a number
+    assert check_first_offset_below(lambda f, d, b: torch.tensor(first_offset_below(f, d, b)))  # one-element tensor
     assert check_sinusoidal_encoding(lambda n, d: torch.stack(
         [torch.sin(torch.arange(n)[:, None] / 10000 ** (torch.arange(0, d, 2) / d)),
          torch.cos(torch.arange(n)[:, None] / 10000 ** (torch.arange(0, d, 2) / d))], dim=-1).flatten(1))
@@ -114,7 +174,7 @@ def test_untouched_scaffold_is_not_attempted(check):
     "check, answer, error",
     [
         (check_sinusoidal_encoding, lambda n, d: torch.zeros(n, d)[:, ::2].view(n, d), "RuntimeError"),
-        (check_encoding_dot_product, lambda k, d: math.cos(k) / 0, "ZeroDivisionError"),
+        (check_first_offset_below, lambda f, d, b: math.cos(f) / 0, "ZeroDivisionError"),
         (check_recover_offset, lambda a, b: a @ torch.zeros(3), "RuntimeError"),
         (check_halves_shift_matrix, lambda k, d: torch.eye(d)[:, : d // 2] @ torch.eye(3), "RuntimeError"),
     ],
@@ -135,28 +195,35 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d)[:, :-1], "expected shape (50, 16)"),
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d) * 2, "values differ"),
         (check_sinusoidal_encoding, lambda n, d: torch.zeros(n, d, dtype=torch.long), "floating-point"),
-        (check_encoding_dot_product, lambda k, d: float(d) if k == 0 else encoding_dot_product(k, d),
-         "d_model/2 = 8 pairs"),
-        (check_encoding_dot_product, lambda k, d: encoding_dot_product(k, d) + 0.5, "expected 5.5431"),
-        (check_encoding_dot_product, lambda k, d: torch.ones(2), "one number"),
-        (check_encoding_dot_product, lambda k, d: "close", "expected a number, got str"),
+        (check_sinusoidal_encoding, lambda n, d: ac.sinusoidal_positional_encoding(n, d),
+         "you called attn_course.sinusoidal_positional_encoding"),
         (check_recover_offset, lambda a, b: -recover_offset(a, b), "wrong sign"),
         (check_recover_offset, lambda a, b: abs(recover_offset(a, b)), "not its direction"),
-        (check_recover_offset, lambda a, b: recover_offset(a, b) + 1, "8 of 8 offsets are wrong"),
+        (check_recover_offset, lambda a, b: recover_offset(a, b) + 1, "12 of 12 offsets are wrong"),
         (check_recover_offset, lambda a, b: float("nan"), "finite"),
         # exercise 1: off by one, the exponent, the direction of the division
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, first=1), "off by one"),
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, two=1), "i / d_model"),
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, multiply=True, dtype=torch.float64), "multiplied"),
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d).double() + 1e-3, "values differ"),
-        # exercise 2: columns instead of pairs, twice the pairs, sines, the exponent
-        (check_encoding_dot_product, lambda k, d: sum(math.cos(k / 10000 ** (2 * j / d)) for j in range(d)),
-         "all d_model columns"),
-        (check_encoding_dot_product, lambda k, d: 2 * encoding_dot_product(k, d), "twice too much"),
-        (check_encoding_dot_product, lambda k, d: encoding_dot_product(k, d, trig=math.sin), "summed sines"),
-        (check_encoding_dot_product, lambda k, d: encoding_dot_product(k, d, two=1), "i / d_model"),
-        (check_encoding_dot_product, lambda k, d: abs(encoding_dot_product(k, d)) + 1e-3, "expected"),
-        # exercise 3: the fast pair wraps around
+        # exercise 2: a bisection (the curve is not monotone), the package's table, the dot product not
+        # normalised or normalised by d_model, the base ignored, the column index, off by one, not an integer
+        (check_first_offset_below, first_offset_bisect, "a bisection lands on a later crossing"),
+        (check_first_offset_below, first_offset_package, "you called attn_course.sinusoidal_positional_encoding"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, normaliser=1.0),
+         "compared the dot product itself"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, normaliser=d), "divided by d_model"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d), "use the base you are given"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, pairs=d, normaliser=d),
+         "column index j"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b) - 1, "off by one"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b) + 1, "already was at k = 46"),
+        (check_first_offset_below, lambda f, d, b: float(first_offset_below(f, d, b)), "return an integer, got float"),
+        (check_first_offset_below, lambda f, d, b: 0, "positive number of positions"),
+        # exercise 3: the fast pair wraps around; the slow pair without wrapping the difference, or each
+        # absolute position read and subtracted (the review: accepted, as every position was below 23,559)
+        (check_recover_offset, no_wrap_offset, "off by one whole turn of the slowest pair"),
+        (check_recover_offset, absolute_positions_offset, "off by one whole turn of the slowest pair"),
         (check_recover_offset, lambda a, b: recover_offset(a, b, pair=0), "wrap around"),
         (check_recover_offset, lambda a, b: recover_offset(a, b) // 2, "offsets are wrong"),
         # exercise 4: the other layout, the inverse, the exponent, not a rotation, no k, shape

@@ -55,8 +55,6 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 # (rule, chapter stem) -> why the chapter fails it today. Strict xfail: delete the entry once fixed.
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
-        "05_multi_head_attention": "no 'runs top to bottom in about N s on <machine>' in the header yet",
-        "06_positional_encoding": "no 'runs top to bottom in about N s on <machine>' in the header yet",
         "07_character_translator": "executed on a busy shared machine (194 s recorded, about 60 s stated for an idle "
                                    "2-core CPU): the lead re-executes it on a quiet one",
         "08_efficient_attention": "executed on a busy shared machine (71 s recorded, about 40 s stated for an idle "
@@ -67,7 +65,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
                                       "idle 2-core CPU): the lead re-executes it on a quiet one",
     },
     "prose_run_time": {
-        "05_multi_head_attention": "header: 'runs in under a minute', the record is 105 s",
         "07_character_translator": "the header's 'about 60 s' against the busy machine's 194 s record (see header_run_time)",
         "08_efficient_attention": "the header's 'about 40 s' against the busy machine's 71 s record (see header_run_time)",
         "09_rotary_and_alibi": "the header's 'about 50 s' against the busy machine's 132 s record (see header_run_time)",
@@ -75,7 +72,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
                                       "header_run_time)",
     },
     "solution_output": {
-        "05_multi_head_attention": "cell 58 (exercise 3) also prints the d_k = 16 / 32 parameter savings",
     },
     "predict_answer": {
     },

@@ -1,4 +1,14 @@
-"""Checks for the exercises of chapter 05, multi-head attention."""
+"""Checks for the exercises of chapter 05, multi-head attention.
+
+Each check tries sizes unlike the notebook's globals (``B, T, E, H = 2, 5, 12, 3``): a batch of 3
+sequences of 7 tokens of width 24 split into 2, 3 and 6 heads, then :func:`other_sizes` (batch 1,
+one token, one head, odd widths, ``L != S``), so that an answer that reads the notebook's ``B``,
+``T`` or ``E`` fails, and names the usual mistakes (``view(B, H, T, D)``, interleaved heads, a merge
+without the transpose, the per-head fused layout, narrowed values, the mask convention, the scale).
+Exercise 4 forbids torch's and the package's attention, ``mha``'s own forward included
+(``forbid=("sdpa",)``), and tries left padding too. The table of wrong answers is in
+tests/test_exercises_ch05.py.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +17,8 @@ import math
 import torch
 
 from ..multihead import MultiHeadAttention
-from . import Mismatch, attempted, call, exercise, expect, expect_close, expect_tensor
+from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_sequence, expect_tensor,
+               other_sizes, padding_cases, padding_mask_for, randn, rng)
 
 __all__ = [
     "check_split_heads",
@@ -19,58 +30,15 @@ __all__ = [
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(), atol=1e-5, rtol=1e-4)
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(), atol=1e-5, rtol=1e-4))
 
 
-@exercise(
-    "Exercise 1a, split the width into heads",
-    hint="x.view(B, T, num_heads, E // num_heads) gives (B, T, H, D); then .transpose(1, 2) gives (B, H, T, D)",
-)
-def check_split_heads(split_heads) -> str:
-    generator = torch.Generator().manual_seed(51)
-    B, T, E = 2, 5, 12
-    x = torch.randn(B, T, E, generator=generator)
-    for H in (3, 4, 1):
-        D = E // H
-        what = f"split_heads(x, num_heads={H}) for x of shape (B, T, E) = {(B, T, E)}"
-        got = call(split_heads, x, H)
-        expect_tensor(got, what=what, shape=(B, H, T, D))
-        if H > 1 and _same(got, x.view(B, H, T, D)):
-            raise Mismatch(
-                f"{what}: you viewed x as (B, H, T, D) directly. The shape is right but the numbers are not: "
-                "the memory of x is ordered token by token, so that view puts pieces of different tokens into "
-                "one head. View as (B, T, H, D) first, then swap the T and H axes."
-            )
-        if H > 1 and _same(got, x.view(B, T, D, H).permute(0, 3, 1, 2)):
-            raise Mismatch(
-                f"{what}: your heads take every H-th column (interleaved). Head h must get the contiguous "
-                f"columns h*D .. (h+1)*D - 1 of the width, here D = {D}."
-            )
-        expect_close(got, x.view(B, T, H, D).transpose(1, 2), what=what)
-    return "head h of token t holds columns h*D .. (h+1)*D - 1 of token t, for H = 3, 4 and 1."
-
-
-@exercise(
-    "Exercise 1b, merge the heads back",
-    hint="context.transpose(1, 2) gives (B, T, H, D); .reshape(B, T, H * D) then glues each token's heads together",
-)
-def check_merge_heads(merge_heads) -> str:
-    generator = torch.Generator().manual_seed(52)
-    B, H, T, D = 2, 3, 5, 4
-    context = torch.randn(B, H, T, D, generator=generator)
-    what = f"merge_heads(context) for context of shape (B, H, T, D) = {(B, H, T, D)}"
-    got = call(merge_heads, context)
-    expect_tensor(got, what=what, shape=(B, T, H * D))
-    if _same(got, context.reshape(B, T, H * D)):
-        raise Mismatch(
-            f"{what}: you reshaped to (B, T, H*D) without moving the head axis first. The shape is right, "
-            "but each row now mixes different tokens of one head. Transpose (B, H, T, D) to (B, T, H, D) first."
-        )
-    expect_close(got, context.transpose(1, 2).reshape(B, T, H * D), what=what)
-    x = torch.randn(B, T, H * D, generator=generator)
-    round_trip = call(merge_heads, x.view(B, T, H, D).transpose(1, 2))
-    expect_close(round_trip, x, what="merge_heads(split(x)), which should give x back")
-    return "merging is the exact inverse of splitting: merge_heads(split_heads(x)) == x."
+def _split_cases():
+    """(B, T, E, H): the notebook's globals are (2, 5, 12, 3); these are not, then the shared other sizes."""
+    cases = [(3, 7, 24, H) for H in (2, 3, 6)]
+    cases += [(s.B, s.T, s.E, s.H) for s in other_sizes(same_length=True)]
+    return cases
 
 
 def _heads(x: torch.Tensor, H: int) -> torch.Tensor:
@@ -79,29 +47,104 @@ def _heads(x: torch.Tensor, H: int) -> torch.Tensor:
 
 
 @exercise(
+    "Exercise 1a, split the width into heads",
+    hint="first regroup the last axis into (heads, head width) while the tokens stay where memory keeps them, "
+         "then swap the token axis and the head axis; read every size from x and num_heads, not from the "
+         "notebook's globals",
+)
+def check_split_heads(split_heads) -> str:
+    generator = rng(51)
+    for B, T, E, H in _split_cases():
+        D = E // H
+        x = randn(B, T, E, generator=generator)
+        what = f"split_heads(x, num_heads={H}) for x of shape (B, T, E) = {(B, T, E)}"
+        got = expect_tensor(call(split_heads, x, H), what=what, dtype=x.dtype)
+        shape = tuple(got.shape)
+        if H > 1 and shape == (B, T, H, D) and T != H:
+            raise Mismatch(f"{what}: expected shape {(B, H, T, D)}, got {shape}: you grouped the width into heads "
+                           "but left the head axis behind the token axis; swap the two")
+        if len(shape) == 4 and shape[0] == B and shape[2] == T and shape[1] != H and shape[1] * shape[3] == E:
+            raise Mismatch(f"{what}: expected {H} heads on axis 1, got {shape[1]} (shape {shape}): split into "
+                           "num_heads heads, not a fixed number")
+        expect_tensor(got, what=what, shape=(B, H, T, D))
+        if H > 1 and T > 1 and _same(got, x.reshape(B, H, T, D)):
+            raise Mismatch(
+                f"{what}: you viewed x as (B, H, T, D) directly. The shape is right but the numbers are not: "
+                "the memory of x is ordered token by token, so that view puts pieces of different tokens into "
+                "one head. View as (B, T, H, D) first, then swap the T and H axes."
+            )
+        if H > 1 and D > 1 and _same(got, x.reshape(B, T, D, H).permute(0, 3, 1, 2)):
+            raise Mismatch(
+                f"{what}: your heads take every H-th column (interleaved). Head h must get the contiguous "
+                f"columns h*D .. (h+1)*D - 1 of the width, here D = {D}."
+            )
+        if T == D and T > 1 and _same(got, _heads(x, H).transpose(-2, -1)):
+            raise Mismatch(f"{what}: your last two axes are (D, T): each head must be a (T, D) matrix, one row "
+                           "per token")
+        expect_close(got, _heads(x, H), what=what)
+    return "head h of token t holds columns h*D .. (h+1)*D - 1 of token t, for every size and number of heads tried."
+
+
+@exercise(
+    "Exercise 1b, merge the heads back",
+    hint="undo the split in the reverse order: bring the token axis back in front of the head axis first, then "
+         "glue each token's heads into one width (the swapped tensor is not contiguous, so reshape rather than "
+         "view); read every size from the context itself",
+)
+def check_merge_heads(merge_heads) -> str:
+    generator = rng(52)
+    for B, T, E, H in _split_cases():
+        D = E // H
+        context = randn(B, H, T, D, generator=generator)
+        what = f"merge_heads(context) for context of shape (B, H, T, D) = {(B, H, T, D)}"
+        got = expect_tensor(call(merge_heads, context), what=what, shape=(B, T, E), dtype=context.dtype)
+        if H > 1 and T > 1 and _same(got, context.reshape(B, T, E)):
+            raise Mismatch(
+                f"{what}: you reshaped to (B, T, H*D) without moving the head axis first. The shape is right, "
+                "but each row now mixes different tokens of one head. Transpose (B, H, T, D) to (B, T, H, D) first."
+            )
+        if H > 1 and D > 1 and _same(got, context.permute(0, 2, 3, 1).reshape(B, T, E)):
+            raise Mismatch(f"{what}: your heads come out interleaved (column j from head j % H): put head h's D "
+                           "numbers side by side, in columns h*D .. (h+1)*D - 1, by moving only the head axis")
+        expect_close(got, context.transpose(1, 2).reshape(B, T, E), what=what)
+        x = randn(B, T, E, generator=generator)
+        round_trip = call(merge_heads, _heads(x, H))
+        expect_close(round_trip, x, what=f"merge_heads of x of shape {(B, T, E)} split into {H} heads, which should "
+                                         "give x back")
+    return "merging is the exact inverse of splitting: merge_heads(split_heads(x)) == x, at every size tried."
+
+
+def _three(result, what: str, B: int):
+    """q, k, v from a tuple or list of three tensors, or from one tensor stacked on a new first axis of 3."""
+    if isinstance(result, torch.Tensor):
+        if result.dim() == 5 and result.size(0) == 3 and result.size(1) == B:
+            return tuple(result.unbind(0))
+        raise Mismatch(f"{what}: expected three tensors (q, k, v), got one Tensor of shape {tuple(result.shape)}")
+    return expect_sequence(result, what=what, names=("q", "k", "v"))
+
+
+@exercise(
     "Exercise 2, split a fused query-key-value projection",
-    hint="the last axis of qkv is [all queries | all keys | all values], E numbers each: "
-    "q, k, v = qkv.split(E, dim=-1), then split each into heads with view(B, T, H, D).transpose(1, 2)",
+    hint="the last axis of qkv holds all the queries, then all the keys, then all the values, E numbers each "
+         "(E is a third of that axis): cut it into those three blocks first, then split each block into heads "
+         "as in Exercise 1",
 )
 def check_split_fused_qkv(split_fused_qkv) -> str:
-    generator = torch.Generator().manual_seed(55)
-    B, T, E = 2, 5, 12
-    qkv = torch.randn(B, T, 3 * E, generator=generator)
-    for H in (3, 4, 1):
+    generator = rng(55)
+    for B, T, E, H in _split_cases():
         D = E // H
+        qkv = randn(B, T, 3 * E, generator=generator)
         what = f"split_fused_qkv(qkv, num_heads={H}) for qkv of shape (B, T, 3E) = {(B, T, 3 * E)}"
-        got = call(split_fused_qkv, qkv.clone(), H)
-        expect(isinstance(got, (tuple, list)) and len(got) == 3,
-               f"{what}: expected three tensors (q, k, v), got {type(got).__name__}"
-               + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""))
+        got = _three(call(split_fused_qkv, qkv, H), what, B)
         for name, tensor in zip("qkv", got):
-            expect_tensor(tensor, what=f"{what}, {name}", shape=(B, H, T, D))
+            expect_tensor(tensor, what=f"{what}, {name}", shape=(B, H, T, D), dtype=qkv.dtype)
         thirds = [part.contiguous() for part in qkv.split(E, dim=-1)]  # the right layout: [queries | keys | values]
         want = [_heads(part, H) for part in thirds]
         if all(_same(g, w) for g, w in zip(got, want)):
             continue
-        if {i for i, g in enumerate(got) for j, w in enumerate(want) if _same(g, w)} == {0, 1, 2}:
-            order = ", ".join("qkv"[j] for g in got for j, w in enumerate(want) if _same(g, w))
+        found = [next((j for j, w in enumerate(want) if _same(g, w)), None) for g in got]
+        if sorted(j for j in found if j is not None) == [0, 1, 2]:
+            order = ", ".join("qkv"[j] for j in found)
             raise Mismatch(f"{what}: you return the right three tensors in the wrong order ({order}). "
                            "The fused projection puts the queries first, then the keys, then the values.")
         per_head = qkv.view(B, T, H, 3 * D).transpose(1, 2).split(D, dim=-1)  # [q_h | k_h | v_h] per head
@@ -112,18 +155,18 @@ def check_split_fused_qkv(split_fused_qkv) -> str:
                 "in_proj_weight and GPT-2's c_attn, it is [all queries | all keys | all values]: split it into "
                 "three blocks of E first, then split each into heads."
             )
-        if H > 1 and all(_same(g, part.view(B, H, T, D)) for g, part in zip(got, thirds)):
+        if H > 1 and T > 1 and all(_same(g, part.reshape(B, H, T, D)) for g, part in zip(got, thirds)):
             raise Mismatch(
                 f"{what}: you split q, k and v right, then viewed each as (B, H, T, D) directly: the right shape "
                 "with pieces of different tokens in one head. View as (B, T, H, D) first, then transpose."
             )
-        if H > 1 and all(_same(g, part.view(B, T, D, H).permute(0, 3, 1, 2)) for g, part in zip(got, thirds)):
+        if H > 1 and D > 1 and all(_same(g, part.reshape(B, T, D, H).permute(0, 3, 1, 2)) for g, part in zip(got, thirds)):
             raise Mismatch(f"{what}: your heads take every H-th column (interleaved); head h must get the "
                            f"contiguous columns h*D .. (h+1)*D - 1 of its block, here D = {D}.")
         for name, g, w in zip("qkv", got, want):
             expect_close(g, w, what=f"{what}, {name}")
     return ("q, k and v each come out as (B, H, T, D), from the [queries | keys | values] layout of "
-            "nn.MultiheadAttention's in_proj_weight and GPT-2's c_attn, for H = 3, 4 and 1.")
+            "nn.MultiheadAttention's in_proj_weight and GPT-2's c_attn, at every size tried.")
 
 
 def _parameter_count(embed_dim: int, num_heads: int, bias: bool, qk_head_dim: int | None = None) -> int:
@@ -140,19 +183,17 @@ def _count(E: int, H: int, bias: bool, qk: int, v: int, out: int) -> int:
 
 @exercise(
     "Exercise 3, count the parameters when d_k differs",
-    hint="queries and keys: (E, H * qk_head_dim) each; values: (E, E); output: (E, E); with bias=True one bias "
-    "per output column of each projection. qk_head_dim=None means E // num_heads.",
+    hint="count each projection's weight (its inputs times its outputs) and, with bias=True, one bias per output; "
+         "the query and key projections have num_heads * qk_head_dim outputs each, the value and output projections "
+         "E; qk_head_dim=None means the default head width",
 )
 def check_count_parameters(count_parameters) -> str:
     cases = [(768, 12, True, None), (768, 12, False, None), (512, 8, False, 16), (512, 8, True, 32),
-             (64, 1, True, None), (64, 16, False, None), (32, 4, True, 2), (12, 3, True, 8), (6, 3, True, None)]
+             (64, 1, True, None), (64, 16, False, None), (32, 4, True, 2), (12, 3, True, 8), (6, 3, True, None),
+             (24, 6, False, 1), (10, 5, True, 3)]
     for E, H, bias, qk_head_dim in cases:
         call_text = f"count_parameters(embed_dim={E}, num_heads={H}, bias={bias}, qk_head_dim={qk_head_dim})"
-        got = attempted(call(count_parameters, E, H, bias, qk_head_dim))
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-               f"{call_text}: expected a number, got {type(got).__name__}")
+        got = expect_int(call(count_parameters, E, H, bias, qk_head_dim), what=call_text)
         want = _parameter_count(E, H, bias, qk_head_dim)
         if got == want:
             continue
@@ -180,54 +221,105 @@ def check_count_parameters(count_parameters) -> str:
         elif bias and qk_head_dim is not None and got == _count(E, H, False, H * dk, E, E) + 4 * E:
             message += " The query and key biases have H * qk_head_dim entries each, not E."
         raise Mismatch(message)
-    return ("2·E·H·d_k + 2·E² (+ 2·H·d_k + 2·E biases): 2,362,368 for a GPT-2-sized layer whatever the number of "
-            "heads, and fewer when the keys are narrower, as in Table 3 rows (B).")
+    return "your count matches the module's parameters at every size tried, with and without biases and narrower keys."
 
 
-def _by_hand(mha, queries, memory, allowed, q_scale=1.0):
-    """Multi-head attention written out (for the wrong-answer diagnoses): allowed is (B, S), True = may attend."""
+def _module(E: int, H: int, generator: torch.Generator) -> MultiHeadAttention:
+    """An ac.MultiHeadAttention whose weights come from ``generator`` (biases included, so that they count)."""
+    mha = MultiHeadAttention(E, H).eval()
+    with torch.no_grad():
+        for parameter in mha.parameters():
+            parameter.copy_(randn(*parameter.shape, generator=generator, scale=0.5))
+    return mha
+
+
+def _by_hand(mha, queries, memory, blocked, *, scale=None, after_softmax=False):
+    """Cross-attention written out, with the mistakes the diagnoses need; blocked is (B, S), True = padding."""
     B, L, E = queries.shape
     S, H, D = memory.size(1), mha.num_heads, mha.head_dim
-    q = (mha.q_proj(queries) * q_scale).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+    q = mha.q_proj(queries).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
     k = mha.k_proj(memory).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
     v = mha.v_proj(memory).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
-    mask = None if allowed is None else allowed[:, None, None, :]  # (B, 1, 1, S)
-    context = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, L, D)
-    return mha.out_proj(context.transpose(1, 2).reshape(B, L, E))  # (B, L, E)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D if scale is None else scale)  # (B, H, L, S)
+    where = None if blocked is None else blocked[:, None, None, :]  # (B, 1, 1, S): along the keys
+    if where is not None and not after_softmax:
+        scores = scores.masked_fill(where, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (B, H, L, S)
+    if where is not None and after_softmax:
+        weights = weights.masked_fill(where, 0.0)
+    context = (weights @ v).transpose(1, 2).reshape(B, L, E)  # (B, H, L, D) -> (B, L, E)
+    return mha.out_proj(context)  # (B, L, E)
+
+
+def _cross_cases(generator: torch.Generator):
+    """(description, mha, queries, memory, key_padding_mask): unlike the notebook's (E = 12, 3 heads)."""
+    mha = _module(24, 6, generator)
+    queries, memory = randn(3, 4, 24, generator=generator), randn(3, 7, 24, generator=generator)
+    for padding, mask in padding_cases(batch_size=3, max_len=7, convention="blocked"):
+        yield f"B=3, L=4, S=7, E=24, 6 heads, {padding}", mha, queries, memory, mask
+    for n, size in enumerate(other_sizes()):
+        mha = _module(size.E, size.H, generator)
+        queries = randn(size.B, size.L, size.E, generator=generator)
+        memory = randn(size.B, size.S, size.E, generator=generator)
+        lengths = [max(1, size.S - b) for b in range(size.B)]  # the first sequence full, the others padded
+        side = "left" if n % 2 else "right"
+        mask = padding_mask_for(lengths, size.S, side=side, convention="blocked")
+        yield f"{size}, {side} padding (lengths {lengths})", mha, queries, memory, mask
 
 
 @exercise(
     "Exercise 4, cross-attention with padding",
-    hint="queries go through mha.q_proj, memory through k_proj and v_proj; split into (B, H, L, D) and "
-    "(B, H, S, D); scores (B, H, L, S) / sqrt(D); block padding with "
-    "scores.masked_fill(key_padding_mask[:, None, None, :], float('-inf')); softmax; @ v; merge; mha.out_proj",
+    hint="project the queries with q_proj and the memory with k_proj and v_proj, split each into heads, scale "
+         "the scores by the square root of one head's width, give the padded keys minus infinity before the "
+         "softmax (the mask is True at the padding, and the keys are the last axis of the scores), then merge the "
+         "heads and apply out_proj",
+    forbid=("sdpa",),
 )
 def check_cross_attention(cross_attention) -> str:
-    B, L, S, E, H = 2, 3, 5, 12, 3
-    with torch.random.fork_rng(devices=[]):  # leaves the notebook's random state as it was
-        torch.manual_seed(54)
-        mha = MultiHeadAttention(E, H).eval()
-        queries, memory = torch.randn(B, L, E), torch.randn(B, S, E)
-        lengths = torch.tensor([3, 4])
-        key_padding_mask = torch.arange(S)[None, :] >= lengths[:, None]  # (B, S), True = padding
-        what = (f"cross_attention(queries, memory, mha, key_padding_mask) for queries (B, L, E) = {(B, L, E)}, "
-                f"memory (B, S, E) = {(B, S, E)} and {H} heads")
-        got = call(cross_attention, queries, memory, mha, key_padding_mask.clone())
-    if isinstance(got, tuple):
-        got = got[0]
-    expect_tensor(got, what=what, shape=(B, L, E))
-    with torch.no_grad():
-        expected, _ = mha(queries, memory, memory, key_padding_mask=key_padding_mask)
-        no_mask = _by_hand(mha, queries, memory, None)
-        inverted = _by_hand(mha, queries, memory, key_padding_mask)
-        scaled_by_e = _by_hand(mha, queries, memory, ~key_padding_mask, q_scale=math.sqrt((E // H) / E))
-    if _same(got, no_mask):
-        raise Mismatch(f"{what}: the padding mask had no effect: the queries still attend to the padding keys.")
-    if _same(got, inverted):
-        raise Mismatch(f"{what}: you attended only to the padding. key_padding_mask is True at the padding "
-                       "(nn.MultiheadAttention's convention): block where it is True.")
-    if _same(got, scaled_by_e):
-        raise Mismatch(f"{what}: you divided the scores by sqrt(E) = {math.sqrt(E):.2f}; each head's dot product runs "
-                       f"over its own width D = {E // H}, so divide by sqrt(D) = {math.sqrt(E // H):.2f}.")
-    expect_close(got, expected, what=what)
-    return "your cross-attention matches ac.MultiHeadAttention(queries, memory, memory, key_padding_mask=...)."
+    generator = rng(54)
+    for description, mha, queries, memory, key_padding_mask in _cross_cases(generator):
+        B, L, E = queries.shape
+        S, H = memory.size(1), mha.num_heads
+        what = f"cross_attention(queries, memory, mha, key_padding_mask) for {description}"
+        got = call(cross_attention, queries, memory, mha, key_padding_mask)
+        if isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], torch.Tensor):
+            raise Mismatch(f"{what}: return only the output (B, L, E), not a pair")
+        got = expect_tensor(got, what=what, shape=(B, L, E), dtype="float")
+        if not bool(key_padding_mask.any()) and bool(torch.isnan(got).any()):
+            raise Mismatch(f"{what}: with no padding at all your output is NaN, so every key was blocked: you read "
+                           "key_padding_mask as True = may attend. It is True at the padding: block where it is True")
+        if L == S and bool(key_padding_mask.any()) and torch.equal(torch.isnan(got).any(-1), key_padding_mask):
+            raise Mismatch(f"{what}: the rows of the padded positions came out NaN: you masked the padded *queries* "
+                           "(the rows of the scores); the mask is along the keys, the last axis")
+        with torch.no_grad():
+            expected, _ = mha(queries, memory, memory, key_padding_mask=key_padding_mask)
+            padded = bool(key_padding_mask.any())
+            wrong = {}
+            if padded:
+                wrong["the padding mask had no effect: the queries still attend to the padding keys"] = \
+                    _by_hand(mha, queries, memory, None)
+                wrong["you attended only to the padding. key_padding_mask is True at the padding (nn.MultiheadAttention's "
+                      "convention): block where it is True"] = _by_hand(mha, queries, memory, ~key_padding_mask)
+                wrong["you zeroed the padding's weights after the softmax, so each row no longer sums to one: block "
+                      "the scores before the softmax"] = _by_hand(mha, queries, memory, key_padding_mask,
+                                                                   after_softmax=True)
+                if description.find("left padding") >= 0:
+                    lengths = (~key_padding_mask).sum(-1).tolist()
+                    as_right = padding_mask_for(lengths, S, side="right", convention="blocked")
+                    wrong["your mask blocks the last keys of each sequence, as if it were padded on the right; this "
+                          "batch is padded on the left: use key_padding_mask itself"] = \
+                        _by_hand(mha, queries, memory, as_right)
+            if H < E:
+                wrong[f"you divided the scores by sqrt(E) = {math.sqrt(E):.2f}; each head's dot product runs over its "
+                      f"own width D = {E // H}, so divide by sqrt(D) = {math.sqrt(E // H):.2f}"] = \
+                    _by_hand(mha, queries, memory, key_padding_mask, scale=E)
+            if E // H > 1:
+                wrong["you did not scale the scores: divide them by sqrt(D), the square root of one head's width"] = \
+                    _by_hand(mha, queries, memory, key_padding_mask, scale=1)
+        if not _same(got, expected):
+            for mistake, answer in wrong.items():
+                if _same(got, answer):
+                    raise Mismatch(f"{what}: {mistake}")
+        expect_close(got, expected, what=what)
+    return ("your cross-attention matches ac.MultiHeadAttention(queries, memory, memory, key_padding_mask=...) with "
+            "right and left padding, at every size tried.")

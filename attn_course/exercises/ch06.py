@@ -1,4 +1,13 @@
-"""Checks for the exercises of chapter 06, positional encoding and embeddings."""
+"""Checks for the exercises of chapter 06, positional encoding and embeddings.
+
+Each check names the usual mistakes (the column index in the exponent, sine and cosine swapped, the
+[sin | cos] layout, the dot product not normalised, a bisection that misses the first crossing of a
+curve that is not monotone, an angle difference that is not wrapped, the inverse rotation) and uses the
+shared mechanism of ``attn_course.exercises``: the package forbidden where the exercise says so
+(``forbid=("attn_course",)``), inputs watched for changes in place, numpy integers accepted. Exercise
+3 tries positions around 23,559 and 70,676, where the slowest pair of a 64-wide encoding wraps around. The table
+of wrong answers is in tests/test_exercises_ch06.py.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +16,11 @@ import math
 import torch
 
 from ..positional import sinusoidal_positional_encoding
-from . import Mismatch, attempted, call, exercise, expect, expect_close, expect_tensor
+from . import Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor
 
 __all__ = [
     "check_sinusoidal_encoding",
-    "check_encoding_dot_product",
+    "check_first_offset_below",
     "check_recover_offset",
     "check_halves_shift_matrix",
 ]
@@ -51,15 +60,16 @@ def _variants(max_len: int, d_model: int) -> dict[str, torch.Tensor]:
 
 @exercise(
     "Exercise 1, the sinusoidal encoding by hand",
-    hint="angles = position[:, None] / 10000 ** (2 * i / d_model) with i = torch.arange(d_model // 2); "
-    "then pe[:, 0::2] = sin(angles) and pe[:, 1::2] = cos(angles)",
+    hint="one angle per (position, pair): the position divided by 10000 to the power 2i / d_model, where i counts "
+    "the pairs (there are d_model / 2 of them, not d_model); the sine of each angle goes in the even column of its "
+    "pair, the cosine in the odd one",
+    forbid=("attn_course",),
 )
 def check_sinusoidal_encoding(sinusoidal_encoding) -> str:
-    for max_len, d_model in ((50, 16), (7, 10), (3, 2)):
+    for max_len, d_model in ((50, 16), (7, 10), (3, 2), (1, 64), (64, 128)):
         what = f"sinusoidal_encoding(max_len={max_len}, d_model={d_model})"
         got = call(sinusoidal_encoding, max_len, d_model)
-        expect_tensor(got, what=what, shape=(max_len, d_model))
-        expect(got.is_floating_point(), f"{what}: expected floating-point numbers, got dtype {got.dtype}")
+        expect_tensor(got, what=what, shape=(max_len, d_model), dtype="float")
         right = sinusoidal_positional_encoding(max_len, d_model, dtype=torch.float64)
         wrong = {name: w for name, w in _variants(max_len, d_model).items() if not torch.allclose(w, right)}
         if "column index" in wrong and _close(got, wrong["column index"]):
@@ -92,68 +102,108 @@ def _frequencies(d_model: int) -> torch.Tensor:
     return 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d_model/2,)
 
 
+def _similarity(k, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """PE_p · PE_(p+k) / (PE_p · PE_p) = the mean over the pairs of cos(omega_i k), for one or many offsets k."""
+    omega = float(base) ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d_model/2,)
+    k = torch.as_tensor(k, dtype=torch.float64)
+    return torch.cos(k[..., None] * omega).mean(-1)
+
+
+def _first_below(fraction: float, d_model: int, base: float, *, limit: int = 100_000, similarity=_similarity):
+    """The smallest k in 1 .. limit with similarity(k) < fraction, or None."""
+    ks = torch.arange(1, limit + 1)
+    below = (similarity(ks, d_model, base) < fraction).nonzero()
+    return int(below[0]) + 1 if len(below) else None
+
+
+def _bisection(fraction: float, d_model: int, base: float, high: int) -> int:
+    """What a bisection over 1 .. high finds, as if the similarity fell steadily."""
+    low = 1
+    while low < high:
+        middle = (low + high) // 2
+        if float(_similarity(middle, d_model, base)) < fraction:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
 @exercise(
-    "Exercise 2, the dot product as a function of distance",
-    hint="sin(a)sin(b) + cos(a)cos(b) = cos(a - b): each pair i contributes cos(omega_i * k), "
-    "with omega_i = 1 / 10000 ** (2 * i / d_model), i = 0 .. d_model/2 - 1",
+    "Exercise 2, where the similarity of two positions first drops",
+    hint="divide the dot product of section 4 by its value at offset zero (a mean over the pairs instead of a "
+    "sum), with the frequencies of the given base, and try the offsets one at a time, from one upwards",
+    forbid=("attn_course",),
 )
-def check_encoding_dot_product(encoding_dot_product) -> str:
-    for d_model in (16, 64):
-        pe = sinusoidal_positional_encoding(200, d_model, dtype=torch.float64)
-        for k in (3, 1, 0, -3, 10, 57):
-            what = f"encoding_dot_product(k={k}, d_model={d_model})"
-            got = attempted(call(encoding_dot_product, k, d_model))
-            if isinstance(got, torch.Tensor):
-                expect(got.numel() == 1, f"{what}: expected one number, got a tensor of shape {tuple(got.shape)}")
-                got = got.item()
-            expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-                   f"{what}: expected a number, got {type(got).__name__}")
-            want = float(torch.cos(_frequencies(d_model) * k).sum())
-            columns = torch.arange(d_model, dtype=torch.float64)  # j = 0 .. d_model - 1
-            if k != 0 and math.isclose(got, float(torch.cos(k / 10000 ** (2 * columns / d_model)).sum()), abs_tol=1e-6):
-                raise Mismatch(f"{what}: expected {want:.4f}, got {got:.4f}. You summed over all d_model columns j "
-                               "with the column index in the exponent; the sum runs over the d_model/2 pairs i, "
-                               "each pair (sin, cos) adding one cos(omega_i k).")
-            if k != 0 and math.isclose(got, 2 * want, abs_tol=1e-6):
-                raise Mismatch(f"{what}: expected {want:.4f}, got {got:.4f}, twice too much: each pair (sin, cos) "
-                               "adds cos(omega_i k) once (sin·sin + cos·cos), not once per column.")
-            if k != 0 and math.isclose(got, float(torch.sin(_frequencies(d_model) * k).sum()), abs_tol=1e-6):
-                raise Mismatch(f"{what}: expected {want:.4f}, got {got:.4f}. You summed sines; "
-                               "sin(a)sin(b) + cos(a)cos(b) = cos(a - b).")
-            if k != 0 and math.isclose(
-                got, float(torch.cos(k / 10000 ** (torch.arange(d_model // 2, dtype=torch.float64) / d_model)).sum()),
-                abs_tol=1e-6,
-            ):
-                raise Mismatch(f"{what}: expected {want:.4f}, got {got:.4f}: your frequencies use the exponent "
-                               "i / d_model; the encoding's are omega_i = 1 / 10000^(2i / d_model).")
-            if k == 0 and abs(got - d_model) < 1e-6:
-                raise Mismatch(f"{what}: expected {want:g}, got {got:g}. At distance 0 each (sin, cos) pair adds "
-                               f"sin² + cos² = 1, and there are d_model/2 = {d_model // 2} pairs.")
-            if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6):
-                measured = float(pe[100] @ pe[100 + k])
-                raise Mismatch(f"{what}: expected {want:.4f} (= PE[100] · PE[100 + k], measured {measured:.4f}), "
-                               f"got {got:.4f}.")
-    return "PE[p] · PE[p + k] = Σᵢ cos(ωᵢ k): it depends on the distance k only, and on neither its sign nor p."
+def check_first_offset_below(first_offset_below) -> str:
+    cases = [(0.5, 128, 10000.0), (0.25, 128, 10000.0), (0.6, 16, 10000.0), (0.8, 16, 10000.0),
+             (0.5, 64, 500000.0), (0.4, 32, 100.0), (0.1, 128, 10000.0)]
+    for fraction, d_model, base in cases:
+        what = f"first_offset_below({fraction}, d_model={d_model}, base={base:g})"
+        got = expect_int(call(first_offset_below, fraction, d_model, base), what=what)
+        want = _first_below(fraction, d_model, base)
+        if got == want:
+            continue
+        message = f"{what}: expected {want}, got {got}."
+        at = lambda k: float(_similarity(k, d_model, base))  # noqa: E731
+        if got < 1:
+            raise Mismatch(message + " The offset k is a positive number of positions: start from k = 1")
+        sums = lambda ks, d, b: _similarity(ks, d, b) * (d // 2)  # noqa: E731  (the dot product, not normalised)
+        wrong = {
+            "You compared the dot product itself with the fraction: divide it by PE_p · PE_p = d_model / 2 (its "
+            "value at k = 0) first, so that the similarity starts at 1":
+                _first_below(fraction, d_model, base, similarity=sums, limit=20_000),
+            "You divided by d_model; PE_p · PE_p is d_model / 2 (one sin² + cos² = 1 per pair), so the similarity "
+            "at k = 0 must be 1":
+                _first_below(fraction, d_model, base, similarity=lambda ks, d, b: _similarity(ks, d, b) / 2),
+            "These are the frequencies of base 10000: use the base you are given":
+                _first_below(fraction, d_model, 10000.0) if base != 10000.0 else None,
+            "Your frequencies use the column index j (0 .. d_model - 1) in the exponent; the sum runs over the "
+            "d_model / 2 pairs i, with omega_i = base^(-2i / d_model)":
+                _first_below(fraction, 2 * d_model, base, similarity=lambda ks, d, b: _similarity(ks, d, b ** 2)),
+        }
+        for mistake, answer in wrong.items():
+            if answer is not None and got == answer:
+                raise Mismatch(f"{message} {mistake}.")
+        if got > want and at(got) < fraction:
+            searched = any(got == _bisection(fraction, d_model, base, high) for high in (1000, 10_000, 100_000))
+            raise Mismatch(f"{message} At k = {got} the similarity ({at(got):.3f}) is below {fraction}, but it already "
+                           f"was at k = {want} ({at(want):.3f}): the curve is not monotone, it dips below and rises "
+                           "back above, so " + ("a bisection lands on a later crossing; " if searched else "") +
+                           "try the offsets in order from k = 1")
+        if at(got) >= fraction:
+            raise Mismatch(f"{message} At k = {got} the similarity is {at(got):.3f}, not below {fraction}"
+                           + (" (off by one: return the first k that is below, not the last that is not)"
+                              if got == want - 1 else ""))
+        raise Mismatch(message)
+    return ("your offsets are where the similarity first drops below each fraction, for every width and base "
+            "tried.")
+
+
+def _encoding_rows(positions, d_model: int) -> torch.Tensor:
+    """Rows of the sinusoidal encoding (float64) at the given positions, without building the whole table."""
+    position = torch.tensor(positions, dtype=torch.float64)[:, None]  # (P, 1)
+    angles = position * _frequencies(d_model)  # (P, d_model/2)
+    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(1)  # (P, d_model), interleaved
 
 
 @exercise(
     "Exercise 3, read the offset off two encodings",
-    hint="take the slowest pair (the last two columns): its angle is atan2(sin, cos); the difference of the two "
-    "angles, divided by that pair's omega, is k. Or try every k in range(-100, 101) with the shift matrix",
+    hint="the sine and cosine of one pair fix the angle its hand points at; the turn from the first encoding to the "
+    "second, divided by that pair's frequency, is k. Pick a pair slow enough to turn by less than half a circle "
+    "over 100 positions, and bring the turn into the range from -π to π before dividing",
 )
 def check_recover_offset(recover_offset) -> str:
     d_model = 64
-    pe = sinusoidal_positional_encoding(1400, d_model, dtype=torch.float64)
-    cases = [(0, 0), (7, 1), (7, -1), (300, 5), (40, -17), (1234, 42), (150, -99), (3, 98)]
+    slowest = float(_frequencies(d_model)[-1])  # its angle passes π at p = π / omega, about 23,559 (and 3π at 70,676)
+    # Small positions, then positions where the slowest pair's angle passes π between p and p + k, and beyond.
+    cases = [(0, 0), (7, 1), (7, -1), (300, 5), (40, -17), (1234, 42), (150, -99), (3, 98),
+             (23_540, 42), (23_580, -30), (50_000, 7), (70_650, 60)]
+    rows = _encoding_rows(sorted({q for p, k in cases for q in (p, p + k)}), d_model)
+    index = {q: i for i, q in enumerate(sorted({q for p, k in cases for q in (p, p + k)}))}
     answers = []
     for p, k in cases:
         what = f"recover_offset(PE[{p}], PE[{p + k}]) with d_model={d_model}"
-        got = attempted(call(recover_offset, pe[p].clone(), pe[p + k].clone()))
-        if isinstance(got, torch.Tensor):
-            expect(got.numel() == 1, f"{what}: expected one number, got a tensor of shape {tuple(got.shape)}")
-            got = got.item()
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-               f"{what}: expected a number, got {type(got).__name__}")
+        got = expect_number(call(recover_offset, rows[index[p]].clone(), rows[index[p + k]].clone()), what=what)
         expect(math.isfinite(got), f"{what}: expected a finite number, got {got}")
         answers.append((p, k, got))
     wrong = [(p, k, got) for p, k, got in answers if round(got) != k or abs(got - k) > 1e-3]
@@ -169,10 +219,19 @@ def check_recover_offset(recover_offset) -> str:
             raise Mismatch("your answers are right for small |k| but wrap around for larger ones: you read the "
                            "fastest pair (omega = 1), whose angle repeats every 2π ≈ 6.3 positions. Use a pair "
                            "that turns by less than π over 100 positions (a slow one, near the last columns).")
+        turn = 2 * math.pi / slowest
+        if all(p >= 20_000 for p, _, _ in wrong) and all(abs(abs(got - k) - turn) < 0.02 * turn for _, k, got in wrong):
+            p, k, got = wrong[0]
+            raise Mismatch(f"recover_offset(PE[{p}], PE[{p + k}]) should be {k}, got {got:.0f}: off by one whole turn of "
+                           f"the slowest pair (2π / omega ≈ {turn:,.0f} positions). Between these two positions that "
+                           "pair's angle passes π, where atan2 jumps from π to -π: bring the difference of the two angles "
+                           "back into (-π, π] before dividing (reading each absolute position and subtracting them "
+                           "breaks the same way)")
         p, k, got = wrong[0]
         raise Mismatch(f"{len(wrong)} of {len(answers)} offsets are wrong; for example recover_offset(PE[{p}], "
                        f"PE[{p + k}]) should be {k}, got {got}.")
-    return "the offset k can be read off the encodings alone, sign included: position is relative as well as absolute."
+    return ("the offset k can be read off the encodings alone, sign included, even far along: position is relative "
+            "as well as absolute.")
 
 
 def _halves_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -197,9 +256,9 @@ def _interleaved_shift(k: int, d_model: int) -> torch.Tensor:
 
 @exercise(
     "Exercise 4, the shift matrix of the [sin | cos] layout",
-    hint="pair i now sits in columns i (sine) and i + d_model/2 (cosine), so its 2 x 2 rotation by omega_i * k "
-    "fills the entries (i, i), (i, i + d_model/2), (i + d_model/2, i) and (i + d_model/2, i + d_model/2); "
-    "torch.diag of a (d_model/2,) vector builds one such block for all pairs at once",
+    hint="pair i now sits in column i (its sine) and column i + d_model/2 (its cosine): it turns by the same "
+    "angle omega_i k as in section 4, so its 2 x 2 rotation keeps its four numbers and only moves to those rows "
+    "and columns",
 )
 def check_halves_shift_matrix(halves_shift_matrix) -> str:
     max_len, tol = 160, 2e-5  # float32 answers pass: their angles err by about 1e-6 at k = 40
@@ -240,5 +299,4 @@ def check_halves_shift_matrix(halves_shift_matrix) -> str:
                                "sine blocks: one is +sin, the other -sin.")
             bad = int(((shifted - target).abs() > tol).any(dim=-1).sum())
             raise Mismatch(f"{what}: M @ PE_half[p] differs from PE_half[p + k] at {bad} of {last - first} positions p.")
-    return ("M_k works in the [sin | cos] layout too: the same 2 x 2 rotations, with pair i in columns i and "
-            "i + d_model/2. It is the layout of the rotate_half code of GPT-NeoX and Llama (chapter 09).")
+    return "your matrix shifts every encoding of the [sin | cos] layout by k positions, for every k and width tried."
