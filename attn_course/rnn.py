@@ -341,7 +341,7 @@ def digit_task(batch_size: int, length: int, *, task: str = "reverse", generator
     """A batch of random digit strings and their translations: the same digits reversed or copied.
 
     Reversing is a small translation problem whose alignment is known exactly: output step ``i``
-    must look at source position ``S - 1 - i`` (both counted from 0).
+    writes the digit at source position ``S - 1 - i`` (both counted from 0), its mirror position.
 
     Args:
         batch_size: number of strings ``B``.

@@ -132,6 +132,55 @@ def general_three_sentences(s, H, W_a):  # the batch of the notebook written in
     return (weights[:, :, None] * H).sum(1), weights
 
 
+def general_batch_max(s, H, W_a):  # the review's accepted answer: one maximum for the whole batch, not each row's
+    scores = (H @ (s @ W_a)[:, :, None])[..., 0]
+    e = (scores - scores.max()).exp()
+    weights = e / e.sum(-1, keepdim=True)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_zeros_buffers(s, H, W_a):  # the review's accepted answer: buffers of torch.zeros, float32 on the CPU
+    B, S, Dk = H.shape
+    scores = torch.zeros(B, S)
+    for b in range(B):
+        for j in range(S):
+            scores[b, j] = s[b] @ W_a @ H[b, j]
+    weights = torch.softmax(scores, dim=-1)
+    context = torch.zeros(B, Dk)
+    for b in range(B):
+        context[b] = weights[b] @ H[b]
+    return context, weights
+
+
+def general_buffer_on_cpu(s, H, W_a):  # the inputs' dtype, but the buffer lives on the CPU whatever the inputs
+    B, S, Dk = H.shape
+    scores = torch.zeros(B, S, dtype=H.dtype)
+    for b in range(B):
+        scores[b] = H[b] @ (s[b] @ W_a)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_half(s, H, W_a):  # the review's: a float16 result, once named as "return the scores"
+    return general_right(s.half(), H.half(), W_a.half())
+
+
+def general_bfloat16(s, H, W_a):
+    return general_right(s.bfloat16(), H.bfloat16(), W_a.bfloat16())
+
+
+def general_logsumexp(s, H, W_a):  # another correct formulation: exp(x - logsumexp(x))
+    scores = torch.einsum("bq,qk,bsk->bs", s, W_a, H)
+    weights = (scores - scores.logsumexp(-1, keepdim=True)).exp()
+    return (weights.unsqueeze(-1) * H).sum(1), weights
+
+
+def general_squeeze(s, H, W_a):  # .squeeze() drops the batch of one sentence, or the one source position
+    scores = (H @ (s @ W_a).unsqueeze(-1)).squeeze()
+    weights = torch.softmax(scores, dim=-1)
+    return (weights.unsqueeze(-1) * H).sum(-2), weights
+
+
 # --- Exercise 2 -----------------------------------------------------------------------------------
 
 def luong_right(s, H, padding_mask):
@@ -236,6 +285,66 @@ def luong_zeroes_padding_in_place(s, H, padding_mask):  # right values, but the 
     return luong_right(s, H, padding_mask)
 
 
+def luong_batch_max(s, H, padding_mask):  # the review's accepted answer: one maximum for the whole batch
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf"))
+    e = (scores - scores.max()).exp()
+    weights = (e / e.sum(-1, keepdim=True)).nan_to_num(0.0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_zeros_buffers(s, H, padding_mask):  # the review's accepted answer: a torch.zeros buffer, float32 on the CPU
+    B, S, D = H.shape
+    weights = torch.zeros(B, S)
+    for b in range(B):
+        real = [j for j in range(S) if not bool(padding_mask[b, j])]
+        if real:
+            p = torch.softmax(torch.stack([s[b] @ H[b, j] for j in real]), 0)
+            for k, j in enumerate(real):
+                weights[b, j] = p[k]
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_fill_on_cpu(s, H, padding_mask):  # a (B, S) fill made on the CPU whatever the inputs
+    scores = (H @ s[:, :, None])[..., 0]
+    scores = torch.where(padding_mask, torch.full(scores.shape, float("-inf")), scores)
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1))
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_half(s, H, padding_mask):  # the review's accepted answer: float16 (the mechanism rejects it now)
+    return luong_right(s.half(), H.half(), padding_mask)
+
+
+def luong_bfloat16(s, H, padding_mask):  # the review's accepted answer: bfloat16, off by up to 1%
+    return luong_right(s.bfloat16(), H.bfloat16(), padding_mask)
+
+
+def luong_epsilon(s, H, padding_mask):  # the row's maximum over the padding too, and + 1e-12 for the empty row
+    scores = (H @ s[:, :, None])[..., 0]
+    e = (scores - scores.max(-1, keepdim=True).values).exp().masked_fill(padding_mask, 0.0)
+    weights = e / (e.sum(-1, keepdim=True) + 1e-12)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_max_with_padding(s, H, padding_mask):  # another correct formulation: shift by the row's maximum, padding
+    scores = (H @ s[:, :, None])[..., 0]          # included, zero the padding's exps, 0/0 to zeros
+    e = (scores - scores.max(-1, keepdim=True).values).exp().masked_fill(padding_mask, 0.0)
+    weights = (e / e.sum(-1, keepdim=True)).nan_to_num(0.0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_log_mask(s, H, padding_mask):  # and another: add log(allowed), zeros where a row is all padding
+    scores = torch.einsum("bd,bsd->bs", s, H) + torch.log((~padding_mask).to(s.dtype))
+    weights = torch.where(padding_mask.all(-1, keepdim=True), torch.zeros_like(scores), torch.softmax(scores, -1))
+    return torch.einsum("bs,bsd->bd", weights, H), weights
+
+
+def luong_cpu_scalar_fill(s, H, padding_mask):  # and another: a 0-dim CPU fill, which CUDA accepts (meta does not)
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, torch.tensor(float("-inf")))
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1))
+    return (weights[:, :, None] * H).sum(1), weights
+
+
 # --- Exercise 3 -----------------------------------------------------------------------------------
 
 def inputs_right(target, bos_id):
@@ -300,61 +409,131 @@ def inputs_new_full(target, bos_id):  # and another
     return torch.cat([target.new_full((target.size(0), 1), bos_id), target[:, :-1]], dim=1)
 
 
-def inputs_list_of_ids(target, bos_id):  # and another: a tensor built from a list (numpy ids included)
+def inputs_list_of_ids(target, bos_id):  # a column built from a list: the target's dtype, but on the CPU
     return torch.cat([torch.tensor([[bos_id]] * target.size(0), dtype=target.dtype), target[:, :-1]], dim=1)
+
+
+def inputs_full_on_cpu(target, bos_id):  # the review's accepted answer: torch.full without dtype or device
+    return torch.cat([torch.full((target.size(0), 1), bos_id), target[:, :-1]], dim=1)
+
+
+def inputs_always_int32(target, bos_id):
+    return inputs_right(target, bos_id).int()
+
+
+def inputs_uint8(target, bos_id):  # the review's accepted answer: ids nn.Embedding refuses
+    return inputs_right(target, bos_id).to(torch.uint8)
+
+
+def inputs_cpu_with_dtype(target, bos_id):  # the target's dtype, but a column made on the CPU
+    return torch.cat([torch.full((target.size(0), 1), bos_id, dtype=target.dtype), target[:, :-1]], dim=1)
+
+
+def inputs_roll_where(target, bos_id):  # a position index made on the CPU: fails on a GPU's target
+    rolled = target.roll(1, 1)
+    return torch.where(torch.arange(target.size(1)) == 0, torch.as_tensor(bos_id, dtype=target.dtype), rolled)
+
+
+def inputs_pad_negative(target, bos_id):  # another correct formulation: F.pad with a negative right pad
+    return F.pad(target, (1, -1), value=int(bos_id))
+
+
+def inputs_empty_like(target, bos_id):  # and another
+    out = torch.empty_like(target)
+    out[:, 0] = bos_id
+    out[:, 1:] = target[:, :-1]
+    return out
 
 
 # --- Exercise 4 -----------------------------------------------------------------------------------
 
+def attend(decoder, query, states):
+    """The additive score written out with the decoder's own layers: softmax_j v^T tanh(W query + U h_j)."""
+    attention = decoder.attention
+    hidden = torch.tanh(attention.W(query)[:, None, :] + attention.U(states))  # (B, 1, A) + (B, S, A)
+    weights = torch.softmax(attention.v(hidden)[..., 0], dim=-1)  # (B, S)
+    return (weights[:, :, None] * states).sum(1), weights  # (B, D), (B, S)
+
+
 def token_right(decoder, previous_tokens, state, states):
     y_prev = decoder.embedding(previous_tokens)  # (B, E)
-    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)  # query (B, D + E)
+    context, weights = attend(decoder, torch.cat([state, y_prev], dim=-1), states)  # query (B, D + E)
     new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
-def token_by_hand(decoder, previous_tokens, state, states):  # another correct formulation: the score written out
+def token_by_hand(decoder, previous_tokens, state, states):  # another correct formulation: a list, einsum, hstack
     attention = decoder.attention
     y_prev = decoder.embedding(previous_tokens)
     query = torch.hstack([state, y_prev])
     hidden = torch.tanh(attention.W(query)[:, None, :] + attention.U(states))  # (B, S, A)
-    weights = torch.softmax(attention.v(hidden)[..., 0], dim=-1)  # (B, S)
+    weights = torch.softmax(hidden @ attention.v.weight[0], dim=-1)  # (B, S, A) @ (A,) -> (B, S)
     context = torch.einsum("bs,bsd->bd", weights, states)
     new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
     return [decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights]
 
 
+def token_split_W(decoder, previous_tokens, state, states):  # and another: W [s; y] = W_s s + W_y y (the review's)
+    y_prev = decoder.embedding(previous_tokens)
+    attention, D = decoder.attention, state.size(-1)
+    W = attention.W.weight  # (A, D + E)
+    hidden = torch.tanh((state @ W[:, :D].T + y_prev @ W[:, D:].T)[:, None, :] + attention.U(states))
+    weights = torch.softmax(attention.v(hidden)[..., 0], -1)
+    context = torch.einsum("bs,bsd->bd", weights, states)
+    new_state = decoder.cell(torch.cat([y_prev, context], -1), state)
+    return decoder.output(torch.cat([new_state, context], -1)), new_state, weights
+
+
+def token_attention_module(decoder, previous_tokens, state, states):  # the package's module: the score not written
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_no_grad(decoder, previous_tokens, state, states):  # the review's accepted answer: nothing to train through
+    with torch.no_grad():
+        return token_right(decoder, previous_tokens, state, states)
+
+
 def token_first(decoder, previous_tokens, state, states):
     y_prev = decoder.embedding(previous_tokens)
-    context, weights = decoder.attention(torch.cat([y_prev, state], dim=-1), states)
+    context, weights = attend(decoder, torch.cat([y_prev, state], dim=-1), states)
     new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
 def token_state_only(decoder, previous_tokens, state, states):  # plain Bahdanau: the query is too narrow
     y_prev = decoder.embedding(previous_tokens)
-    context, weights = decoder.attention(state, states)
+    context, weights = attend(decoder, state, states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_zero_token(decoder, previous_tokens, state, states):  # zeros where the token goes in the query
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = attend(decoder, torch.cat([state, torch.zeros_like(y_prev)], dim=-1), states)
     new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
 def token_cell_swapped(decoder, previous_tokens, state, states):
     y_prev = decoder.embedding(previous_tokens)
-    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    context, weights = attend(decoder, torch.cat([state, y_prev], dim=-1), states)
     new_state = decoder.cell(torch.cat([context, y_prev], dim=-1), state)
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
 def token_output_old_state(decoder, previous_tokens, state, states):
     y_prev = decoder.embedding(previous_tokens)
-    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    context, weights = attend(decoder, torch.cat([state, y_prev], dim=-1), states)
     new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
     return decoder.output(torch.cat([state, context], dim=-1)), new_state, weights
 
 
 def token_output_swapped(decoder, previous_tokens, state, states):
     y_prev = decoder.embedding(previous_tokens)
-    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    context, weights = attend(decoder, torch.cat([state, y_prev], dim=-1), states)
     new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
     return decoder.output(torch.cat([context, new_state], dim=-1)), new_state, weights
 
@@ -376,7 +555,7 @@ def token_state_in_place(decoder, previous_tokens, state, states):  # overwrites
 
 def token_width_written_in(decoder, previous_tokens, state, states):  # E = 5 of the first case written in
     y_prev = decoder.embedding(previous_tokens)[:, :5]
-    context, weights = decoder.attention(torch.cat([state, y_prev], dim=-1), states)
+    context, weights = attend(decoder, torch.cat([state, y_prev], dim=-1), states)
     new_state = decoder.cell(torch.cat([decoder.embedding(previous_tokens), context], dim=-1), state)
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
@@ -404,6 +583,13 @@ CASES = [
     (check_general_attention, general_package, "incorrect", "you called attn_course.DotProductAttention"),
     (check_general_attention, general_in_place, "incorrect", "changed its input `H` in place"),
     (check_general_attention, general_three_sentences, "error", "called with"),
+    (check_general_attention, general_batch_max, "incorrect", "one maximum for the whole batch"),
+    (check_general_attention, general_zeros_buffers, "incorrect", "with float64 inputs your code raised"),
+    (check_general_attention, general_buffer_on_cpu, "incorrect", "It works only with CPU tensors"),
+    (check_general_attention, general_half, "incorrect", "half precision"),
+    (check_general_attention, general_bfloat16, "incorrect", "torch.bfloat16 but the inputs were torch.float32"),
+    (check_general_attention, general_squeeze, "incorrect", "expected shape (1, 5), got (5,)"),
+    (check_general_attention, general_logsumexp, "correct", "widths differ"),
     (check_luong_attention, luong_right, "correct", "not NaN"),
     (check_luong_attention, luong_renormalised, "correct", "not NaN"),
     (check_luong_attention, luong_nan_row, "incorrect", "fully padded row"),
@@ -423,6 +609,15 @@ CASES = [
     (check_luong_attention, luong_sdpa, "incorrect", "you called torch.nn.functional.scaled_dot_product_attention"),
     (check_luong_attention, luong_package, "incorrect", "you called attn_course.DotProductAttention"),
     (check_luong_attention, luong_zeroes_padding_in_place, "incorrect", "changed its input `H` in place"),
+    (check_luong_attention, luong_batch_max, "incorrect", "one maximum for the whole batch"),
+    (check_luong_attention, luong_zeros_buffers, "incorrect", "the inputs are torch.float64 but your result is torch.float32"),
+    (check_luong_attention, luong_fill_on_cpu, "incorrect", "It works only with CPU tensors"),
+    (check_luong_attention, luong_half, "incorrect", "half precision"),
+    (check_luong_attention, luong_bfloat16, "incorrect", "torch.bfloat16 but the inputs were torch.float32"),
+    (check_luong_attention, luong_epsilon, "incorrect", "a maximum taken over the padding too"),
+    (check_luong_attention, luong_max_with_padding, "correct", "not NaN"),
+    (check_luong_attention, luong_log_mask, "correct", "not NaN"),
+    (check_luong_attention, luong_cpu_scalar_fill, "correct", "not NaN"),
     (check_teacher_forcing_inputs, inputs_right, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_roll, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_identity, "incorrect", "target itself"),
@@ -437,11 +632,22 @@ CASES = [
     (check_teacher_forcing_inputs, inputs_package, "incorrect", "you called attn_course.shift_right"),
     (check_teacher_forcing_inputs, inputs_pad, "correct", "never the token"),
     (check_teacher_forcing_inputs, inputs_new_full, "correct", "never the token"),
-    (check_teacher_forcing_inputs, inputs_list_of_ids, "correct", "never the token"),
+    (check_teacher_forcing_inputs, inputs_list_of_ids, "incorrect", "It works only with CPU tensors"),
+    (check_teacher_forcing_inputs, inputs_full_on_cpu, "incorrect", "expected token ids of the target's dtype, torch.int32"),
+    (check_teacher_forcing_inputs, inputs_always_int32, "incorrect", "expected token ids of the target's dtype, torch.int64"),
+    (check_teacher_forcing_inputs, inputs_uint8, "incorrect", "nn.Embedding accepts only int64 and int32"),
+    (check_teacher_forcing_inputs, inputs_cpu_with_dtype, "incorrect", "It works only with CPU tensors"),
+    (check_teacher_forcing_inputs, inputs_roll_where, "incorrect", "It works only with CPU tensors"),
+    (check_teacher_forcing_inputs, inputs_pad_negative, "correct", "never the token"),
+    (check_teacher_forcing_inputs, inputs_empty_like, "correct", "never the token"),
     (check_token_query_step, token_right, "correct", "token_in_query=True"),
     (check_token_query_step, token_by_hand, "correct", "token_in_query=True"),
     (check_token_query_step, token_first, "incorrect", "you put the token first"),
-    (check_token_query_step, token_state_only, "error", "query_dim"),
+    (check_token_query_step, token_state_only, "error", "called with"),
+    (check_token_query_step, token_split_W, "correct", "token_in_query=True"),
+    (check_token_query_step, token_attention_module, "incorrect", "you called attn_course.AdditiveAttention"),
+    (check_token_query_step, token_no_grad, "incorrect", "torch.no_grad()"),
+    (check_token_query_step, token_zero_token, "incorrect", "values differ"),
     (check_token_query_step, token_cell_swapped, "incorrect", "GRU's input"),
     (check_token_query_step, token_output_old_state, "incorrect", "you used the old state"),
     (check_token_query_step, token_output_swapped, "incorrect", "you swapped them"),
@@ -496,3 +702,24 @@ def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
     monkeypatch.setenv("ATTN_COURSE_GRADED", "1")
     feedback = check_teacher_forcing_inputs(inputs_float)
     assert feedback.status == "incorrect" and "integer" in str(feedback) and "Hint" not in str(feedback)
+
+
+def test_a_half_precision_result_is_named_as_such_not_as_scores():
+    message = str(check_general_attention(general_half)).split("Hint:")[0]
+    assert "half precision" in message and "before the softmax" not in message, message
+
+
+def test_on_a_gpu_the_device_case_compares_values(monkeypatch):
+    """Where CUDA or MPS exists the last case runs there and compares values: simulated here with the CPU."""
+    import attn_course.exercises.ch01 as ch01
+    monkeypatch.setattr(ch01, "_other_device", lambda: torch.device("cpu"))
+    for check, answer in ((check_general_attention, general_right), (check_luong_attention, luong_right),
+                          (check_teacher_forcing_inputs, inputs_right), (check_token_query_step, token_right)):
+        assert check(answer), str(check(answer))
+
+
+def test_the_meta_device_stands_in_for_a_gpu_only_where_there_is_none():
+    import attn_course.exercises.ch01 as ch01
+    device = ch01._other_device()
+    gpu = torch.cuda.is_available() or (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available())
+    assert (device.type != "meta") == gpu

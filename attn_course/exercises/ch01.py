@@ -3,21 +3,28 @@
 Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and names
 the mistake when it recognises one; the table of those mistakes is in tests/test_exercises_ch01.py.
 They use the shared mechanism of ``attn_course.exercises``: torch's and the package's attention
-forbidden where the exercise writes it (``forbid=("sdpa",)``), ``ac.shift_right`` and the decoder's own
-``step`` forbidden where the exercise rewrites them, inputs watched for changes in place, sizes unlike
-the notebook's (``other_sizes``), left padding and a fully padded row (``padding_cases``), scores near
-+-100 (``large_scores``), the dtype of token ids, and numpy integers accepted as token ids.
+forbidden where the exercise writes it (``forbid=("sdpa",)``), ``ac.shift_right``, the decoder's own
+``step`` and its attention module forbidden where the exercise rewrites them, inputs watched for
+changes in place, sizes unlike the notebook's (``other_sizes``, and one source position), left padding
+and a fully padded row (``padding_cases``), scores near +100 and rows alternating between about +100
+and -100 (``large_scores``), float64 inputs (a result must keep their dtype), one more case on another
+device (:func:`_other_device`), the exact dtype of token ids, and numpy integers accepted as token ids.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import numpy as np
 import torch
 
-from ..alignment import DotProductAttention
+from ..alignment import AdditiveAttention, DotProductAttention
 from ..rnn import AttentionDecoder, shift_right
-from . import (Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, other_sizes,
-               padding_cases, padding_mask_for, randn, rng)
+from ..utils import get_device
+from . import (Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, large_scores,
+               mutable, other_sizes, padding_cases, padding_mask_for, randn, rng)
+from ._core import _StudentCodeFailed
 
 __all__ = ["check_general_attention", "check_luong_attention", "check_teacher_forcing_inputs",
            "check_token_query_step"]
@@ -41,6 +48,122 @@ def _context_shape(context, B: int, width: int, what: str) -> torch.Tensor:
 def _rows_sum_to_one(weights: torch.Tensor) -> bool:
     w = weights.detach().double()
     return bool(torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=1e-4))
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _not_half(got, inputs_dtype: torch.dtype, what: str) -> None:
+    """Name a float16 or bfloat16 result of float32 or float64 inputs before any comparison of values, so that
+    its rounding is not mistaken for another mistake (rows that seem not to sum to one, say)."""
+    if isinstance(got, torch.Tensor) and got.dtype in _HALF and inputs_dtype not in _HALF:
+        raise Mismatch(f"{what}: your result is {got.dtype} but the inputs were {inputs_dtype}: half precision "
+                       "keeps about 3 significant digits (bfloat16 about 2), too few to check the weights; compute "
+                       "in the inputs' dtype")
+
+
+def _keeps_dtype(got: torch.Tensor, inputs_dtype: torch.dtype, what: str) -> None:
+    """A result of float64 inputs must be float64: a buffer made without dtype= (torch.zeros(B, S)) is float32."""
+    if got.dtype != inputs_dtype:
+        raise Mismatch(f"{what}: the inputs are {inputs_dtype} but your result is {got.dtype}: a tensor you "
+                       "create (torch.zeros, torch.empty, torch.tensor, torch.full ...) is float32 unless you give "
+                       "it the inputs' dtype and device (dtype= and device= from an input, or zeros_like, "
+                       "new_zeros, full_like); or compute without making new tensors")
+
+
+def _call_float64(fn, *args, what: str):
+    """``call(fn, *args)`` on float64 inputs: a crash that mixes float32 and float64 is named as the dtype mistake."""
+    try:
+        return call(fn, *args)
+    except _StudentCodeFailed as failed:
+        text = str(failed.error)
+        if "double" in text.lower() or "dtype" in text.lower() or "scalar type" in text.lower():
+            raise Mismatch(f"{what}: with float64 inputs your code raised {type(failed.error).__name__}: "
+                           f"{text.splitlines()[0]}. A tensor you create (torch.zeros, torch.empty, torch.tensor, "
+                           "torch.full ...) is float32 unless you give it the inputs' dtype and device (dtype= and "
+                           "device= from an input, or zeros_like, new_zeros, full_like)") from None
+        raise
+
+
+def _states_with_scores(query: torch.Tensor, scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Encoder states H (B, S, D) whose dot products with the (B, D) ``query`` are the (B, S) ``scores``.
+
+    Random states, each moved along its sentence's query until ``query . h_j`` is the score wanted;
+    computed in float64, returned as float32 (the scores then hold to float32 rounding).
+    """
+    q = query.double()  # (B, D)
+    H = randn(*scores.shape, q.size(-1), generator=generator, dtype=torch.float64)  # (B, S, D)
+    missing = scores.double() - (H @ q[:, :, None])[..., 0]  # (B, S): what each dot product lacks
+    H = H + (missing / (q * q).sum(-1, keepdim=True))[:, :, None] * q[:, None, :]  # (B, S, D)
+    return H.float()
+
+
+# --- Another device -------------------------------------------------------------------------------
+
+def _other_device() -> torch.device:
+    """Where each check tries the answer once more: the GPU of the notebook when there is one (CUDA, then
+    Apple's MPS), else PyTorch's "meta" device, which has shapes and dtypes but no values. A tensor made
+    without ``device=`` lives on the CPU, and mixing it with the inputs fails on meta as it does on a GPU."""
+    device = get_device()  # CUDA, then MPS, then the CPU: as the notebook's first cell picks
+    return device if device.type != "cpu" else torch.device("meta")
+
+
+def _where(device: torch.device) -> str:
+    return f"the {device.type} device"
+
+
+def _meta_note(device: torch.device) -> str:
+    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
+            if device.type == "meta" else "")
+
+
+class _NoData(RuntimeError):
+    """A NotImplementedError raised on the meta device ("Cannot copy out of meta tensor; no data!"): passed
+    on as an error, not taken for the scaffold's ``raise NotImplementedError``."""
+
+
+def _call_elsewhere(fn, *args, device: torch.device, what: str):
+    """``call(fn, *args)`` with ``args`` already on ``device``. Returns the result, or None when the meta
+    device cannot tell (the answer needed values: an ``if`` on a tensor, ``.item()``, ``.tolist()``)."""
+    @functools.wraps(fn)
+    def answer(*a, **k):
+        try:
+            return fn(*a, **k)
+        except NotImplementedError as error:
+            if device.type == "meta":
+                raise _NoData(str(error)) from None
+            raise
+
+    if device.type == "meta":  # modules' meta parameters cannot be compared: the CPU cases watched for changes
+        args = tuple(mutable(a) if isinstance(a, torch.nn.Module) else a for a in args)
+    try:
+        return call(answer, *args)
+    except _StudentCodeFailed as failed:
+        error = failed.error
+        text = str(error)
+        lowered = text.lower()
+        # A CPU tensor met the inputs ("... on the expected device cpu", "found ... cuda:0 and cpu"), or data was
+        # copied out of a meta tensor into one. Other device errors of the meta device are not the student's:
+        # it refuses a 0-dimensional CPU value in masked_fill, which CUDA accepts.
+        if ("device" in lowered and "cpu" in lowered) or (isinstance(error, _NoData) and "copy" in lowered):
+            raise Mismatch(f"{what}: your code raised {type(error).__name__}: {text.splitlines()[0] if text else ''}"
+                           f"{_meta_note(device)}. It works only with CPU tensors: a tensor made without device= "
+                           "(torch.zeros, torch.full, torch.tensor, torch.arange ...) lives on the CPU, whatever the "
+                           "inputs. Make new tensors on the inputs' device (device= from an input, or zeros_like, "
+                           "new_zeros, full_like)") from None
+        if device.type == "meta":
+            return None
+        raise
+
+
+def _on_device(got, device: torch.device, what: str) -> torch.Tensor:
+    got = expect_tensor(got, what=what)
+    if got.device.type != device.type:
+        raise Mismatch(f"{what}: the inputs are on {_where(device)}{_meta_note(device)} but your result is on "
+                       f"{got.device}: make new "
+                       "tensors on the inputs' device (device= from an input, or zeros_like, new_zeros, full_like), "
+                       "never on a fixed one")
+    return got
 
 
 # --- Exercise 1 -----------------------------------------------------------------------------------
@@ -71,6 +194,62 @@ def _general_mistakes(s, H, W_a) -> dict[str, torch.Tensor]:
     return out
 
 
+_ONE_MAX = ("you subtracted one maximum for the whole batch, not each row's own: the sentences whose scores all "
+            "lie near -100, far below that maximum, get exp(...) = 0 at every position, and 0/0. Subtract each "
+            "row's maximum (over the last axis, keeping it), or use torch.softmax")
+
+
+def _wrong_low_rows(w: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Right on the rows near +100 (even rows), NaN, inf or zero on the rows near -100 (odd rows)."""
+    high, low = w[0::2], w[1::2]
+    broken = (~torch.isfinite(low)).any(-1) | (low.nan_to_num().abs().sum(-1) == 0)
+    return bool(broken.any()) and torch.allclose(high.nan_to_num(), expected[0::2].double(), atol=1e-5, rtol=1e-4)
+
+
+def _general_values(general_attention, s, H, W_a, *, alternating: bool = False) -> None:
+    """Run the answer on one case and compare it with the reference, naming the mistakes it recognises."""
+    B, S, Dk = H.shape
+    Dq = s.size(-1)
+    shapes = f"s (B={B}, Dq={Dq}), H (B={B}, S={S}, Dk={Dk}) and W_a ({Dq}, {Dk})"
+    if s.dtype != torch.float32:
+        shapes += f", all {s.dtype}"
+    context, weights = _pair(_call_float64(general_attention, s, H, W_a, what=f"general_attention(s, H, W_a) for {shapes}"),
+                             f"general_attention(s, H, W_a) for {shapes}")
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Dk) and (B, Dk) != (B, S) and \
+            isinstance(context, torch.Tensor) and tuple(context.shape) == (B, S):
+        raise Mismatch("return (context, weights) in that order: context is (B, Dk), weights (B, S)")
+    if isinstance(weights, torch.Tensor) and B > 1 and tuple(weights.shape) == (B, B, S):
+        raise Mismatch(f"weights for {shapes}: shape (B, B, S) = {(B, B, S)}: a (B, Dk) matrix times a (B, Dk, S) "
+                       "batch broadcasts to every pair of sentences. Each sentence's query must meet only its "
+                       "own states: give the (B, Dk) query a middle axis of size 1 first")
+    what = f"weights for {shapes}"
+    weights = expect_tensor(weights, what=what, shape=(B, S), dtype="float")
+    _not_half(weights, s.dtype, what)
+    if s.dtype == torch.float64:
+        _keeps_dtype(weights, s.dtype, what)
+    w = weights.detach().double()
+    expected_context, expected_weights = _general(s, H, W_a)
+    if alternating and _wrong_low_rows(w, expected_weights):
+        raise Mismatch(f"{what}, with scores near +100 in the even rows and near -100 in the odd rows: {_ONE_MAX}")
+    expect(bool(torch.isfinite(w).all()),
+           f"{what}: your weights contain inf or NaN. These scores reach about 100: exp(100) overflows float32. "
+           "Use torch.softmax, or subtract each row's maximum before exponentiating")
+    if not torch.allclose(w, expected_weights.double(), atol=1e-5, rtol=1e-4):
+        for mistake, wrong in _general_mistakes(s, H, W_a).items():
+            if torch.allclose(w, wrong.double(), atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: {mistake}")
+        if not _rows_sum_to_one(w):
+            raise Mismatch(f"{what}: each row must sum to one over the source positions; got row sums "
+                           f"{[round(v, 4) for v in w.sum(-1).tolist()]}. Did you return the scores, before the "
+                           "softmax?")
+    expect_close(weights, expected_weights, what=what)
+    context = _context_shape(context, B, Dk, f"context for {shapes}")
+    _not_half(context, s.dtype, f"context for {shapes}")
+    if s.dtype == torch.float64:
+        _keeps_dtype(context, s.dtype, f"context for {shapes}")
+    expect_close(context, expected_context, what=f"context for {shapes}")
+
+
 @exercise(
     "Exercise 1, Luong's general score",
     hint="first carry the decoder state into the keys' space with W_a (a (B, Dk) result); then each sentence "
@@ -81,52 +260,48 @@ def _general_mistakes(s, H, W_a) -> dict[str, torch.Tensor]:
 )
 def check_general_attention(general_attention) -> str:
     generator = rng(11)
-    cases = []
     # A square W_a first (it lets the layout mistakes run) with Dk = 5, so that dividing by sqrt(Dk) is
     # not dividing by a round temperature; then the decoder and the encoder of different widths.
     for B, S, Dq, Dk in ((3, 4, 5, 5), (2, 7, 3, 6)):
-        cases.append((randn(B, Dq, generator=generator), randn(B, S, Dk, generator=generator),
-                      randn(Dq, Dk, generator=generator)))
-    # Sizes unlike the notebook's: one sentence, one source position, B == S, odd widths.
+        _general_values(general_attention, randn(B, Dq, generator=generator), randn(B, S, Dk, generator=generator),
+                        randn(Dq, Dk, generator=generator))
+    # Sizes unlike the notebook's: one sentence, B == S, odd widths; then one source position.
     for size in other_sizes():
-        cases.append((randn(size.B, size.E, generator=generator), randn(size.B, size.S, size.D, generator=generator),
-                      randn(size.E, size.D, generator=generator)))
-    # Scores near +-100: a softmax written with exp and no shift overflows float32.
+        _general_values(general_attention, randn(size.B, size.E, generator=generator),
+                        randn(size.B, size.S, size.D, generator=generator), randn(size.E, size.D, generator=generator))
+    _general_values(general_attention, randn(2, 3, generator=generator), randn(2, 1, 4, generator=generator),
+                    randn(3, 4, generator=generator))
+    # Scores near +100: a softmax written with exp and no shift overflows float32.
     s = randn(2, 4, generator=generator)
     H = randn(2, 6, 4, generator=generator)
     W_a = randn(4, 4, generator=generator)
     W_a = W_a * (100.0 / float(((s @ W_a)[:, None, :] * H).sum(-1).max()))  # the largest score is +100
-    cases.append((s, H, W_a))
-    for s, H, W_a in cases:
-        B, S, Dk = H.shape
-        Dq = s.size(-1)
-        shapes = f"s (B={B}, Dq={Dq}), H (B={B}, S={S}, Dk={Dk}) and W_a ({Dq}, {Dk})"
-        context, weights = _pair(call(general_attention, s, H, W_a), f"general_attention(s, H, W_a) for {shapes}")
-        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Dk) and (B, Dk) != (B, S) and \
-                isinstance(context, torch.Tensor) and tuple(context.shape) == (B, S):
-            raise Mismatch("return (context, weights) in that order: context is (B, Dk), weights (B, S)")
-        if isinstance(weights, torch.Tensor) and B > 1 and tuple(weights.shape) == (B, B, S):
-            raise Mismatch(f"weights for {shapes}: shape (B, B, S) = {(B, B, S)}: a (B, Dk) matrix times a (B, Dk, S) "
-                           "batch broadcasts to every pair of sentences. Each sentence's query must meet only its "
-                           "own states: give the (B, Dk) query a middle axis of size 1 first")
-        what = f"weights for {shapes}"
-        weights = expect_tensor(weights, what=what, shape=(B, S), dtype="float")
-        w = weights.detach().double()
-        expected_context, expected_weights = _general(s, H, W_a)
-        expect(bool(torch.isfinite(w).all()),
-               f"{what}: your weights contain inf or NaN. These scores reach about 100: exp(100) overflows float32. "
-               "Use torch.softmax, or subtract each row's maximum before exponentiating")
-        if not torch.allclose(w, expected_weights.double(), atol=1e-5, rtol=1e-4):
-            for mistake, wrong in _general_mistakes(s, H, W_a).items():
-                if torch.allclose(w, wrong.double(), atol=1e-5, rtol=1e-4):
-                    raise Mismatch(f"{what}: {mistake}")
-            if not _rows_sum_to_one(w):
-                raise Mismatch(f"{what}: each row must sum to one over the source positions; got row sums "
-                               f"{[round(v, 3) for v in w.sum(-1).tolist()]}. Did you return the scores, before the "
-                               "softmax?")
-        expect_close(weights, expected_weights, what=what)
-        context = _context_shape(context, B, Dk, f"context for {shapes}")
-        expect_close(context, expected_context, what=f"context for {shapes}")
+    _general_values(general_attention, s, H, W_a)
+    # Rows alternating between about +100 and about -100: one maximum for the whole batch fails.
+    s, W_a = randn(4, 3, generator=generator), randn(3, 5, generator=generator)
+    H = _states_with_scores(s @ W_a, large_scores(4, 6, generator=generator), generator)
+    _general_values(general_attention, s, H, W_a, alternating=True)
+    # float64 inputs: the result keeps their dtype.
+    _general_values(general_attention, randn(3, 4, generator=generator, dtype=torch.float64),
+                    randn(3, 5, 6, generator=generator, dtype=torch.float64),
+                    randn(4, 6, generator=generator, dtype=torch.float64))
+    # Another device: the notebook's GPU, or the meta device.
+    device = _other_device()
+    s, H, W_a = (randn(3, 4, generator=generator), randn(3, 5, 6, generator=generator),
+                 randn(4, 6, generator=generator))
+    shown = f"general_attention(s, H, W_a) with s, H and W_a on {_where(device)}"
+    result = _call_elsewhere(general_attention, s.to(device), H.to(device), W_a.to(device), device=device, what=shown)
+    if result is not None:
+        context, weights = _pair(result, shown)
+        weights = _on_device(weights, device, f"weights of {shown}")
+        context = _on_device(context, device, f"context of {shown}")
+        for name, tensor, shape in (("weights", weights, (3, 5)), ("context", context, (3, 6))):
+            expect_tensor(tensor, what=f"{name} of {shown}", shape=shape, dtype="float")
+            _not_half(tensor, torch.float32, f"{name} of {shown}")
+        if device.type != "meta":
+            expected_context, expected_weights = _general(s, H, W_a)
+            expect_close(weights, expected_weights.to(device), what=f"weights of {shown}")
+            expect_close(context, expected_context.to(device), what=f"context of {shown}")
     return "your weights and context vectors are right, also when the decoder and encoder widths differ."
 
 
@@ -152,8 +327,14 @@ def check_luong_attention(luong_attention) -> str:
     def run(s, H, padding_mask, label):
         B, S, D = H.shape
         what = f"weights for s (B={B}, D={D}), H (B={B}, S={S}, D={D}) and {label}"
-        context, weights = _pair(call(luong_attention, s, H, padding_mask), f"luong_attention(s, H, padding_mask) with {label}")
+        shown = f"luong_attention(s, H, padding_mask) with {label}"
+        context, weights = _pair(_call_float64(luong_attention, s, H, padding_mask, what=shown), shown)
         weights = expect_tensor(weights, what=what, shape=(B, S), dtype="float")
+        _not_half(weights, s.dtype, what)
+        if isinstance(context, torch.Tensor):
+            _not_half(context, s.dtype, f"context with {label}")
+        if s.dtype == torch.float64:
+            _keeps_dtype(weights, s.dtype, what)
         expected_context, expected_weights = reference(s, H, key_padding_mask=padding_mask)
         return what, context, weights, expected_context, expected_weights
 
@@ -207,7 +388,7 @@ def check_luong_attention(luong_attention) -> str:
         expect_close(weights, expected_weights, what=what)
         expect_close(_context_shape(context, 3, 4, f"context with {label}"), expected_context, what=f"context with {label}")
 
-    # 3. Other batches, lengths and widths (one sentence, one position, odd widths), and scores near +-100.
+    # 3. Other batches, lengths and widths (one sentence, odd widths), padding on either side.
     for size in other_sizes():
         s, H = randn(size.B, size.E, generator=generator), randn(size.B, size.S, size.E, generator=generator)
         lengths = [max(1, size.S - b) for b in range(size.B)]
@@ -217,20 +398,99 @@ def check_luong_attention(luong_attention) -> str:
         expect_close(weights, expected_weights, what=what)
         expect_close(_context_shape(context, size.B, size.E, f"context with {label}"), expected_context,
                      what=f"context with {label}")
+
+    # 4. Scores near +100: exp overflows float32 without the max shift. In the second sentence a padding
+    # position scores far above the real ones: an epsilon in the denominator, next to the real tokens'
+    # tiny exps once the padding's maximum is subtracted, no longer divides by their sum.
     s = randn(2, 4, generator=generator)
     H = randn(2, 6, 4, generator=generator)
     s = s * (100.0 / float((H @ s[:, :, None]).max()))  # the largest score is +100
     mask = padding_mask_for([6, 3], 6)
     what, context, weights, expected_context, expected_weights = run(s, H, mask, "scores near 100")
-    expect(bool(torch.isfinite(weights).all()) and _rows_sum_to_one(weights),
-           f"{what}: your weights contain inf or NaN, or a row that does not sum to one: exp(100) overflows "
-           "float32. Use torch.softmax, or subtract each row's maximum before exponentiating")
+    expect(bool(torch.isfinite(weights).all()),
+           f"{what}: your weights contain inf or NaN: exp(100) overflows float32. Use torch.softmax, or subtract "
+           "each row's maximum before exponentiating")
+    sums = [round(v, 4) for v in weights.detach().double().sum(-1).tolist()]
+    expect(abs(sums[0] - 1) < 1e-4,
+           f"{what}: the first row, whose largest score is 100, sums to {sums[0]}, not 1: exp(100) overflows float32 "
+           "to inf, and inf/inf is NaN (which nan_to_num turns into 0, hiding the overflow). Use torch.softmax, or "
+           "subtract each row's maximum before exponentiating")
+    if not _rows_sum_to_one(weights):
+        scores = (H.double() @ s.double()[:, :, None])[..., 0]  # (2, 6)
+        gap = float(scores[1][mask[1]].max() - scores[1][~mask[1]].max())
+        raise Mismatch(f"{what}: your weights are finite, but the rows sum to {sums}, not 1. In the second row a "
+                       f"padding position scores {gap:.0f} above every real token: a maximum taken over the padding "
+                       f"too leaves the real tokens' exps tiny (about {np.exp(-gap):.0e}), and a small number added "
+                       "to their sum (such as 1e-12) is then no longer small. Fill the padding with -inf before the "
+                       "maximum, and divide by the exact sum (a row that is all padding is handled apart)")
     expect_close(weights, expected_weights, what=what)
     expect_close(context, expected_context, what="context with scores near 100")
+
+    # 5. One source position (real in the first sentence, padding in the second), and float64 inputs, whose
+    # dtype the result keeps.
+    cases = [(randn(2, 3, generator=generator), randn(2, 1, 3, generator=generator), padding_mask_for([1, 0], 1),
+              "one source position, lengths [1, 0]"),
+             (randn(3, 4, generator=generator, dtype=torch.float64),
+              randn(3, 6, 4, generator=generator, dtype=torch.float64),
+              padding_mask_for([6, 4, 2], 6, side="left"), "left padding, lengths [6, 4, 2], float64")]
+    for s, H, mask, label in cases:
+        what, context, weights, expected_context, expected_weights = run(s, H, mask, label)
+        expect_close(weights, expected_weights, what=what)
+        context = _context_shape(context, H.size(0), H.size(-1), f"context with {label}")
+        if s.dtype == torch.float64:
+            _keeps_dtype(context, s.dtype, f"context with {label}")
+        expect_close(context, expected_context, what=f"context with {label}")
+
+    # 6. Rows alternating between about +100 and -100, with padding on either side: one maximum for the
+    # whole batch leaves the low rows at exp(...) = 0.
+    s = randn(4, 5, generator=generator)
+    H = _states_with_scores(s, large_scores(4, 6, generator=generator), generator)
+    mask = torch.stack([padding_mask_for([6], 6)[0], padding_mask_for([4], 6)[0],
+                        padding_mask_for([3], 6, side="left")[0], padding_mask_for([5], 6, side="left")[0]])
+    label = "scores near +100 (first and third sentences) and near -100 (second and fourth)"
+    what, context, weights, expected_context, expected_weights = run(s, H, mask, label)
+    w = weights.detach().double()
+    if _wrong_low_rows(w, expected_weights):
+        raise Mismatch(f"{what}: {_ONE_MAX}")
+    expect(bool(torch.isfinite(w).all()),
+           f"{what}: your weights contain inf or NaN: exp(100) overflows float32. Use torch.softmax, or subtract "
+           "each row's maximum before exponentiating")
+    expect_close(weights, expected_weights, what=what)
+    expect_close(context, expected_context, what=f"context with {label}")
+
+    # 7. Another device: the notebook's GPU, or the meta device.
+    device = _other_device()
+    s, H = randn(3, 4, generator=generator), randn(3, 5, 4, generator=generator)
+    mask = padding_mask_for([5, 3, 0], 5)
+    shown = f"luong_attention(s, H, padding_mask) with s, H and the mask on {_where(device)}"
+    result = _call_elsewhere(luong_attention, s.to(device), H.to(device), mask.to(device), device=device, what=shown)
+    if result is not None:
+        context, weights = _pair(result, shown)
+        weights = _on_device(weights, device, f"weights of {shown}")
+        context = _on_device(context, device, f"context of {shown}")
+        for name, tensor, shape in (("weights", weights, (3, 5)), ("context", context, (3, 4))):
+            expect_tensor(tensor, what=f"{name} of {shown}", shape=shape, dtype="float")
+            _not_half(tensor, torch.float32, f"{name} of {shown}")
+        if device.type != "meta":
+            expected_context, expected_weights = reference(s, H, key_padding_mask=mask)
+            expect_close(weights, expected_weights.to(device), what=f"weights of {shown}")
+            expect_close(context, expected_context.to(device), what=f"context of {shown}")
     return "your weights ignore the padding on either side, and the fully padded row gives zeros, not NaN."
 
 
 # --- Exercise 3 -----------------------------------------------------------------------------------
+
+def _ids_like_target(got: torch.Tensor, target: torch.Tensor, what: str) -> None:
+    """Token ids of the target's own dtype (the hint promises it; nn.Embedding takes int64 and int32 only)."""
+    if got.dtype == target.dtype:
+        return
+    embedding = (" (and nn.Embedding accepts only int64 and int32 ids)" if got.dtype not in (torch.int64, torch.int32)
+                 else "")
+    raise Mismatch(f"{what}: expected token ids of the target's dtype, {target.dtype}, got {got.dtype}{embedding}: "
+                   "a tensor made by torch.full or torch.tensor without dtype= is int64 (float32 with a float fill), "
+                   "and .int(), .long() or .to(...) pick a dtype of their own. Take the dtype from the target "
+                   "(full_like, new_full, or dtype= from the target)")
+
 
 @exercise(
     "Exercise 3, the decoder's inputs under teacher forcing",
@@ -268,7 +528,8 @@ def check_teacher_forcing_inputs(teacher_forcing_inputs) -> str:
     expect(not torch.equal(got[:, 1:], target[:, 1:]),
            f"{what}: you put the begin-of-sequence token in place of y_0 but kept y_1 ... y_(T-1) where they were: "
            "step i would still see y_i. Shift the whole target one step to the right")
-    expect(torch.equal(got, expected), f"{what}: expected {expected.tolist()}, got {got.tolist()}")
+    expect(torch.equal(got.long(), expected), f"{what}: expected {expected.tolist()}, got {got.tolist()}")
+    _ids_like_target(got, target, what)
     # Other lengths, batches and ids (a numpy integer too, as token ids often are), T = 1, an int32 target.
     generator = rng(13)
     for B, T, bos, dtype in ((2, 7, 10, torch.long), (1, 1, np.int64(11), torch.long), (3, 2, 0, torch.long),
@@ -283,6 +544,17 @@ def check_teacher_forcing_inputs(teacher_forcing_inputs) -> str:
         expect(torch.equal(got.long(), want.long()),
                f"{shown}: expected {want.tolist()}, got {got.tolist()}: avoid hard-coding the length, the batch or "
                "the token id")
+        _ids_like_target(got, other, shown)
+    # Another device: the notebook's GPU, or the meta device.
+    device = _other_device()
+    other = torch.randint(0, 10, (3, 6), generator=generator)
+    shown = f"teacher_forcing_inputs(target, 11) for a target of shape (3, 6) on {_where(device)}"
+    got = _call_elsewhere(teacher_forcing_inputs, other.to(device), bos_id, device=device, what=shown)
+    if got is not None:
+        got = _on_device(got, device, shown)
+        expect_tensor(got, what=shown, shape=(3, 6), dtype=other.dtype)
+        if device.type != "meta":
+            expect(torch.equal(got.cpu(), shift_right(other, bos_id)), f"{shown}: expected the target shifted right")
     return "at step i the decoder sees y_(i-1) (BOS at the first step) and never the token it must predict."
 
 
@@ -321,43 +593,83 @@ def _token_step_variants(decoder, tokens, state, states):
     }
 
 
+def _close(got, wanted) -> bool:
+    return all(torch.allclose(g, w.double(), atol=1e-5, rtol=1e-4) for g, w in zip(got, wanted))
+
+
 @exercise(
     "Exercise 4, Bahdanau's query with the previous token",
-    hint="follow section 8's Bahdanau step line by line and change only the query: the attention module is "
-         "asked with the previous state and the embedded previous token joined along the last axis, state "
-         "first (width D + E); the GRU's input, the new state and the output layer are as in Bahdanau's step; "
-         "return the logits, the new state and the weights",
-    forbid=(AttentionDecoder.step,),
+    hint="follow section 8's Bahdanau step, with the score written out as in section 5 from the three layers of "
+         "the decoder's attention module (W, U and v): only the query changes, the previous state and the embedded "
+         "previous token joined along the last axis, state first (width D + E), which W now reads; softmax over "
+         "the source positions and the weighted sum of the states give the context; the GRU's input, the new "
+         "state and the output layer are as in Bahdanau's step; return the logits, the new state and the weights",
+    forbid=(AttentionDecoder.step, AdditiveAttention),
 )
 def check_token_query_step(token_query_step) -> str:
     generator = rng(14)
-    cases = [(5, 8, 6, 3, 4)]  # E, D, A, B, S
-    for size in other_sizes():  # one sentence, one source position, B == S, odd widths
-        cases.append((size.H + 6, size.E, size.D + 1, size.B, size.S))
-    for number, (E, D, A, B, S) in enumerate(cases):
-        decoder = _token_decoder(E, D, A, generator)
+    cases = [(5, 8, 6, 3, 4, torch.float32)]  # E, D, A, B, S, dtype
+    for size in other_sizes():  # one sentence, B == S, odd widths
+        cases.append((size.H + 6, size.E, size.D + 1, size.B, size.S, torch.float32))
+    cases.append((3, 5, 4, 2, 1, torch.float32))  # one source position: every weight is 1
+    cases.append((4, 6, 5, 3, 5, torch.float64))  # float64: the result keeps the dtype
+    for number, (E, D, A, B, S, dtype) in enumerate(cases):
+        decoder = _token_decoder(E, D, A, generator).to(dtype)
         tokens = torch.randint(0, 12, (B,), generator=generator)
         if number == 0:
             tokens[0] = 11  # the begin-of-sequence token at the first step
-        state = randn(B, D, generator=generator)
-        states = randn(B, S, D, generator=generator)
+        state = randn(B, D, generator=generator, dtype=dtype)
+        states = randn(B, S, D, generator=generator, dtype=dtype)
         shapes = f"previous_tokens ({B},), state ({B}, {D}) and states ({B}, {S}, {D}), with E={E}"
-        result = expect_sequence(call(token_query_step, decoder, tokens, state, states),
-                                 what=f"token_query_step(decoder, ...) for {shapes}", names=("logits", "state", "weights"))
+        if dtype != torch.float32:
+            shapes += f", decoder and states {dtype}"
+        shown = f"token_query_step(decoder, ...) for {shapes}"
+        result = expect_sequence(_call_float64(token_query_step, decoder, tokens, state, states, what=shown),
+                                 what=shown, names=("logits", "state", "weights"))
         with torch.no_grad():
             want_logits, want_state, want_weights = decoder.step(tokens, state, states, state)
             variants = _token_step_variants(decoder, tokens, state, states)
         logits = expect_tensor(result[0], what=f"logits for {shapes}", shape=(B, 12), dtype="float")
         new_state = expect_tensor(result[1], what=f"new state for {shapes}", shape=(B, D), dtype="float")
         weights = expect_tensor(result[2], what=f"weights for {shapes}", shape=(B, S), dtype="float")
+        for name, tensor in (("logits", logits), ("new state", new_state), ("weights", weights)):
+            _not_half(tensor, dtype, f"{name} for {shapes}")
+            if dtype == torch.float64:
+                _keeps_dtype(tensor, dtype, f"{name} for {shapes}")
         got = [t.detach().double() for t in (logits, new_state, weights)]
-        if S > 1 or number == 0:
+        wanted = (want_logits, want_state, want_weights)
+        if not _close(got, wanted):
             for mistake, wrong in variants.items():
-                if all(torch.allclose(g, w.double(), atol=1e-5, rtol=1e-4) for g, w in zip(got, wrong)):
+                if _close(got, wrong) and not _close([w.double() for w in wrong], wanted):
                     raise Mismatch(f"token_query_step for {shapes}: {mistake}")
         if torch.allclose(got[1], state.double(), atol=1e-6):
             raise Mismatch(f"new state for {shapes}: you returned the state you were given; return s_i, the GRU's output")
         expect_close(weights, want_weights, what=f"weights for {shapes}")
         expect_close(new_state, want_state, what=f"new state for {shapes}")
         expect_close(logits, want_logits, what=f"logits for {shapes}")
+        if torch.is_grad_enabled():
+            expect(logits.requires_grad and new_state.requires_grad,
+                   f"logits for {shapes}: right values, but nothing can be trained through them: they do not "
+                   "require grad, so your step ran under torch.no_grad() (or detached them). A decoder step is "
+                   "trained through; only decoding at test time runs without gradients")
+    # Another device: the notebook's GPU, or the meta device.
+    device = _other_device()
+    decoder = _token_decoder(5, 8, 6, generator)
+    tokens = torch.randint(0, 12, (3,), generator=generator)
+    state, states = randn(3, 8, generator=generator), randn(3, 4, 8, generator=generator)
+    shown = f"token_query_step(decoder, ...) with the decoder, tokens and states on {_where(device)}"
+    moved = copy.deepcopy(decoder).to(device)
+    result = _call_elsewhere(token_query_step, moved, tokens.to(device), state.to(device), states.to(device),
+                             device=device, what=shown)
+    if result is not None:
+        result = expect_sequence(result, what=shown, names=("logits", "state", "weights"))
+        for name, tensor, shape in zip(("logits", "new state", "weights"), result, ((3, 12), (3, 8), (3, 4))):
+            tensor = _on_device(tensor, device, f"{name} of {shown}")
+            expect_tensor(tensor, what=f"{name} of {shown}", shape=shape, dtype="float")
+            _not_half(tensor, torch.float32, f"{name} of {shown}")
+        if device.type != "meta":
+            with torch.no_grad():
+                wanted = decoder.step(tokens, state, states, state)
+            for name, tensor, want in zip(("logits", "new state", "weights"), result, wanted):
+                expect_close(tensor, want.to(device), what=f"{name} of {shown}")
     return "your step equals the package's decoder.step for a decoder with token_in_query=True, at every size tried."
