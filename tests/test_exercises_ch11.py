@@ -176,6 +176,24 @@ def scores_wrong_split(q_content, q_rope, w_uk, latents, rope_keys):
         D + q_rope.size(-1))
 
 
+def scores_reshaped_wrong(q_content, q_rope, w_uk, latents, rope_keys):
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    blocks = w_uk.reshape(H, Dc, D).transpose(1, 2)  # reads the (H*D, Dc) numbers as (H, Dc, D)
+    q_latent = torch.einsum("bhld,hdc->bhlc", q_content, blocks)
+    return (q_latent @ latents[:, None].transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(
+        D + q_rope.size(-1))
+
+
+def scores_transposed_first(q_content, q_rope, w_uk, latents, rope_keys):  # right: W_UK^T viewed as (Dc, H, D)
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    w_t = w_uk.T.reshape(Dc, H, D)  # (Dc, H, D): W_UK,h^T for every head
+    q_latent = torch.einsum("bhld,chd->bhlc", q_content, w_t)
+    return (q_latent @ latents[:, None].transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(
+        D + q_rope.size(-1))
+
+
 def scores_heads_summed(q_content, q_rope, w_uk, latents, rope_keys):
     """W_UK applied to the heads' queries side by side: the heads' content scores added together."""
     B, H, L, D = q_content.shape
@@ -282,6 +300,13 @@ def merge_wo_wrong_split(w_uv, w_o, num_heads):
     return torch.einsum("ehd,hdc->ehc", o, w_uv.view(num_heads, D, -1)).reshape(E, -1)
 
 
+def merge_latent_major(w_uv, w_o, num_heads):
+    E = w_o.size(0)
+    D = w_uv.size(0) // num_heads
+    per_head = torch.einsum("ehd,hdc->ehc", w_o.view(E, num_heads, D), w_uv.view(num_heads, D, -1))  # (E, H, Dc)
+    return per_head.transpose(1, 2).reshape(E, -1)  # columns ordered c * H + h
+
+
 def merge_reversed(w_uv, w_o, num_heads):
     D = w_uv.size(0) // num_heads
     return torch.cat([w_o[:, h * D:(h + 1) * D] @ w_uv[h * D:(h + 1) * D] for h in reversed(range(num_heads))], dim=1)
@@ -333,6 +358,8 @@ CASES = [
     (check_absorbed_scores, scores_unscaled, "incorrect", "not scaled"),
     (check_absorbed_scores, scores_no_rope, "incorrect", "rotary part q_R . k_R is missing"),
     (check_absorbed_scores, scores_wrong_split, "incorrect", "split the wrong way"),
+    (check_absorbed_scores, scores_reshaped_wrong, "incorrect", "reshaped as (H, d_c, D)"),
+    (check_absorbed_scores, scores_transposed_first, "correct", "no key is rebuilt"),
     (check_absorbed_scores, scores_heads_summed, "incorrect", "the sum over heads"),
     (check_absorbed_scores, scores_softmaxed, "incorrect", "values differ"),
     (check_absorbed_scores, scores_in_place, "incorrect", "changed its input `q_content` in place"),
@@ -347,6 +374,7 @@ CASES = [
     (check_merged_output, merge_stacked, "incorrect", "side by side"),
     (check_merged_output, merge_wrong_split, "incorrect", "split the wrong way"),
     (check_merged_output, merge_wo_wrong_split, "incorrect", "W_O's columns are split into heads the wrong way"),
+    (check_merged_output, merge_latent_major, "incorrect", "ordered latent by latent"),
     (check_merged_output, merge_reversed, "incorrect", "reverse order"),
     (check_merged_output, merge_wo_rows, "error", "RuntimeError"),
     (check_merged_output, merge_in_place, "incorrect", "in place"),

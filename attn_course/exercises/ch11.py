@@ -138,8 +138,10 @@ def _naive_scores(q_content, q_rope, w_uk, latents, rope_keys, *, scale=None, he
     S, Dc = latents.shape[1], latents.shape[2]
     if head_order == "hd":
         w = w_uk.view(H, D, Dc)  # rows h*D .. h*D + D - 1 belong to head h
-    else:
+    elif head_order == "dh":
         w = w_uk.view(D, H, Dc).transpose(0, 1)  # the wrong split: head h takes rows h, h + H, ...
+    else:  # "hcd": the numbers of w_uk read as (H, Dc, D), then turned the right way
+        w = w_uk.reshape(H, Dc, D).transpose(1, 2)
     keys = torch.einsum("hdc,bsc->bhsd", w, latents)  # (B, H, S, D)
     scores = q_content @ keys.transpose(-2, -1)  # (B, H, L, S)
     Dr = 0 if q_rope is None else q_rope.shape[-1]
@@ -185,6 +187,9 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
             "the heads' rows of w_uk are split the wrong way: rows h*D to h*D + D - 1 belong to head h "
             "(view it as (H, D, d_c), not (D, H, d_c))": _naive_scores(q_content, q_rope, w_uk, latents, rope_keys,
                                                                         head_order="dh"),
+            "w_uk was reshaped as (H, d_c, D), which reads its numbers in the wrong order: it is (H * D, d_c), so "
+            "view it as (H, D, d_c), or transpose it first": _naive_scores(q_content, q_rope, w_uk, latents, rope_keys,
+                                                                            head_order="hcd"),
         }
         right = expected.double()
         summed = right.sum(dim=1, keepdim=True)  # (B, 1, L, S): every head given the sum of the heads' scores
@@ -273,6 +278,10 @@ def check_merged_output(merge_value_into_output) -> str:
             if torch.allclose(g, _merged(w_uv, w_o, H, output_order="dh"), atol=1e-5, rtol=1e-4):
                 raise Mismatch(f"{what}: W_O's columns are split into heads the wrong way: columns h*D to h*D + D - 1 "
                                "multiply head h's context (view w_o as (E, H, D))")
+            if torch.allclose(g, expected.double().view(E, H, Dc).transpose(1, 2).reshape(E, H * Dc), atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: the columns are ordered latent by latent (column c * H + h); the heads' averaged "
+                               f"latents stand side by side, head 0's {Dc} first, so head h's block is columns h*d_c to "
+                               "h*d_c + d_c - 1")
             blocks = g.view(E, H, Dc)
             if torch.allclose(blocks.flip(1), expected.double().view(E, H, Dc), atol=1e-5, rtol=1e-4):
                 raise Mismatch(f"{what}: the heads' blocks are in reverse order: head 0's block comes first")
