@@ -18,7 +18,7 @@ lacks it, and nbval fails when the code changes the text. An author may add sent
 Builders (chapter): :func:`seq2seq_attention` (01), :func:`attention_flow` (02 ``simple=True``, 03,
 04 ``mask=...``, 09 ``rotary=True``/``bias="alibi"``, 10 ``mask="sliding"``), :func:`head_split`,
 :func:`head_layouts` and :func:`multihead_flow` (05; 10 with ``kv_heads``), :func:`positional_flow` (06),
-:func:`transformer_flow` (07), :func:`tiled_attention_flow` and :func:`kv_cache_flow` (08; 10 with
+:func:`transformer_flow` (07), :func:`tiled_attention_flow`, :func:`causal_tiles` and :func:`kv_cache_flow` (08; 10 with
 ``window``), :func:`rotary_pairs` and :func:`alibi_flow` (09), :func:`grouped_heads` and
 :func:`rolling_cache_flow` (10), :func:`latent_attention_flow` (11),
 :func:`linear_attention_flow` (12). Sizes are keyword integers; ``names`` renames the symbols in the
@@ -70,7 +70,7 @@ __all__ = [
     "head_colour", "text_colour", "contrast_ratio", "alt_text", "show", "sync_alt_texts",
     "Diagram", "Block",
     "attention_flow", "head_split", "head_layouts", "multihead_flow", "seq2seq_attention", "encoder_decoder_step", "positional_flow",
-    "transformer_flow", "tiled_attention_flow", "kv_cache_flow", "rotary_pairs", "grouped_heads",
+    "transformer_flow", "tiled_attention_flow", "causal_tiles", "kv_cache_flow", "rotary_pairs", "grouped_heads",
     "latent_attention_flow", "linear_attention_flow", "alibi_flow", "rolling_cache_flow",
 ]
 
@@ -1629,7 +1629,8 @@ def tiled_attention_flow(L: int = 4, S: int = 12, D: int = 4, *, block_k: int = 
 
     The score row of the query block is split into tiles: those already read are pale, the current
     one is outlined, the rest are not computed yet. Only a running max m, a running sum ℓ and an
-    unnormalised output O live across tiles.
+    unnormalised output acc live across tiles (the names of the chapter's code); the current tile's
+    scores and its value tile both feed the update.
 
     Args:
         L: queries in the block (Lb). S: keys. D: head width. block_k: keys per tile (Sb).
@@ -1663,14 +1664,19 @@ def tiled_attention_flow(L: int = 4, S: int = 12, D: int = 4, *, block_k: int = 
             ks.append(d.block((cx, q.y0 - 0.25 - d.ext(D) / 2), D, Bk, role="key", name=f"K{jj}ᵀ", width=tile_w))
             ss.append(d.block((cx, 0), L, Bk, role="score", name=f"S{jj}", width=tile_w))
         d.text(x0 - 0.1, ks[0].center[1], f"keys in tiles\nof {shp.count('block_k')}", ha="right")
-        o = d.block((ss[-1].x1 + 0.5 + d.ext(D) / 2, 0), L, D, role="output", name="O")
+        cur = ss[tile]
+        jj = str(tile + 1).translate(sub)
+        score_shape = d.text(cur.center[0], cur.y1 + 0.06, shp("L", "block_k"), va="top")
+        lane = ss[-1].x1 + 0.35  # a free column between the score tiles and the output, for the value arrow
+        o = d.block((lane + 0.35 + d.ext(D) / 2, 0), L, D, role="output", name="acc")
+        d.text(o.x1 + 0.08, o.center[1], shp("L", "D"), ha="left")
         vs = []
-        for j in range(n):  # and the V tiles above the output, as in O = P V
-            jj = str(j + 1).translate(sub)
+        for j in range(n):  # and the V tiles above the output, as in acc = P V
+            ii = str(j + 1).translate(sub)
             y = o.y0 - 0.25 - (n - j - 1) * (tile_h + gap) - tile_h / 2
-            vs.append(d.block((o.center[0], y), Bk, D, role="value", name=f"V{jj}", height=tile_h))
-        d.text(o.x1 + 0.1, (vs[0].y0 + vs[-1].y1) / 2, "values in\nthe same\ntiles", ha="left")
-        m = d.block((o.x1 + 0.35, 0), L, 1, role="state", name="m", name_at="above")
+            vs.append(d.block((o.center[0], y), Bk, D, role="value", name=f"V{ii}", height=tile_h))
+        d.text(o.x1 + 0.1, (vs[0].y0 + vs[-1].y1) / 2, f"values in\nthe same\ntiles,\n{shp('block_k', 'D')}", ha="left")
+        m = d.block((o.x1 + 0.75, 0), L, 1, role="state", name="m", name_at="above")
         ell = d.block((m.x1 + 0.25, 0), L, 1, role="state", name="ℓ", name_at="above")
         for j in range(n):  # tiles already read fade; score tiles to come are not computed yet
             for blk in (ks[j], ss[j], vs[j]):
@@ -1684,22 +1690,126 @@ def tiled_attention_flow(L: int = 4, S: int = 12, D: int = 4, *, block_k: int = 
         for blk in (ks[tile], ss[tile], vs[tile]):
             d.ax.add_patch(mpatches.Rectangle((blk.x0 - 0.03, blk.y0 - 0.03), blk.w + 0.06, blk.h + 0.06,
                                               facecolor="none", edgecolor=INK, linewidth=2.0, zorder=3.6))
-        upd = d.op((o.center[0] + 0.3, q.y1 + 0.5), "update m, ℓ, O")
-        cur = ss[tile]
-        d.arrow(cur.bottom, upd.left, via=[(cur.center[0], upd.center[1])])
-        d.arrow((upd.center[0] - 0.3, upd.y0), o.bottom)
-        d.arrow((upd.center[0] + 0.3, upd.y0), (m.center[0], m.y1), via=[(upd.center[0] + 0.3, upd.y0 - 0.12),
-                                                                      (m.center[0], upd.y0 - 0.12)])
+        upd = d.op((o.center[0] + 0.3, score_shape.y1 + 0.45), "update m, ℓ, acc")
+        d.arrow((cur.center[0], score_shape.y1 + 0.03), upd.left, via=[(cur.center[0], upd.center[1])])
+        v = vs[tile]  # the value tile enters the update too: down the free lane, into the box's top
+        entry = (upd.x0 + 0.12, upd.y0)
+        d.arrow(v.left, entry, via=[(lane, v.center[1]), (lane, upd.y0 - 0.14), (entry[0], upd.y0 - 0.14)])
+        d.arrow((upd.center[0] - 0.05, upd.y0), (upd.center[0] - 0.05, o.y1))
+        d.arrow((upd.x1 - 0.2, upd.y0), (m.center[0], m.y1), via=[(upd.x1 - 0.2, upd.y0 - 0.12),
+                                                                (m.center[0], upd.y0 - 0.12)])
         d.arrow((m.center[0], upd.y0 - 0.12), (ell.center[0], ell.y1), via=[(ell.center[0], upd.y0 - 0.12)])
-        d.text(upd.center[0], upd.y1 + 0.06, "after the last tile: O ÷ ℓ", va="top")
-        d.text(ell.x1 + 0.1, ell.center[1], "running\nmax m,\nsum ℓ", ha="left")
-        jj = str(tile + 1).translate(sub)
+        d.text(upd.center[0], upd.y1 + 0.06, "after the last tile: output = acc ÷ ℓ", va="top")
+        d.text(ell.x1 + 0.1, ell.center[1], f"running\nmax m,\nsum ℓ\n{shp('L', '1')}", ha="left")
         return (f"Diagram of tiled attention with the online softmax: a block of queries Q {shp.alt('L', 'D')} meets "
                 f"the {S} keys in {n} tiles of {Bk}; the scores of tile {tile + 1}, S{jj} {shp.alt('L', 'block_k')} = "
                 f"Q K{jj}ᵀ, are outlined, the tiles before it are already folded in (pale) and the ones after it are "
-                "not computed yet (dashed); each tile updates a running row maximum m and row sum ℓ "
-                f"{shp.alt('L', '1')} and an unnormalised output O {shp.alt('L', 'D')} with its values V{jj}; "
-                "after the last tile O is divided by ℓ. The full score matrix is never stored.")
+                f"not computed yet (dashed); S{jj} and the value tile V{jj} {shp.alt('block_k', 'D')} update a running "
+                f"row maximum m and row sum ℓ {shp.alt('L', '1')} and an unnormalised output acc {shp.alt('L', 'D')}; "
+                "after the last tile the output is acc divided by ℓ. The full score matrix is never stored.")
+
+    return _fit(draw)
+
+
+def causal_tiles(L: int = 100, S: int | None = None, *, block_q: int = 32, block_k: int | None = None):
+    """Chapter 08: which tiles of the causal ``(L, S)`` score matrix a tiled loop computes.
+
+    The matrix is cut into tiles of ``block_q`` queries by ``block_k`` keys. A tile that lies wholly
+    above the diagonal holds only blocked scores (query ``i`` sees keys ``0..i``): it is skipped
+    (dashed). A tile on the diagonal is computed with the mask inside it, drawn as its staircase of
+    allowed and blocked scores; a tile below it is computed in full. The loop of
+    :func:`attn_course.tiled_attention` visits exactly the tiles drawn with a solid outline.
+
+    Args:
+        L: queries. S: keys (default ``L``). block_q: queries per tile. block_k: keys per tile
+            (default ``block_q``).
+
+    Returns:
+        The ``Figure``; its alt text is ``fig.attn_alt``.
+    """
+    L = _size(L, "L")
+    S = L if S is None else _size(S, "S")
+    Bq = _size(block_q, "block_q")
+    Bk = Bq if block_k is None else _size(block_k, "block_k")
+    nq, nk = -(-L // Bq), -(-S // Bk)
+    if nq > 10 or nk > 10:
+        raise ValueError(f"draw at most 10 x 10 tiles: L / block_q = {L} / {Bq} and S / block_k = {S} / {Bk} give "
+                         f"{nq} x {nk}; choose larger blocks")
+
+    def draw(d: Diagram) -> str:
+        import matplotlib.patches as mpatches
+
+        size = min(0.5, 3.2 / max(nq, nk))  # inches along the longer side of a full tile
+        unit = size / max(Bq, Bk)  # inches per token: tiles keep their aspect (256 x 512 is twice as wide as tall)
+        heights = [unit * max(0.6 * Bq, min(Bq, L - a * Bq)) for a in range(nq)]  # a short last tile, drawn
+        widths = [unit * max(0.6 * Bk, min(Bk, S - b * Bk)) for b in range(nk)]   # big enough to label
+        sub = 6  # drawn cells per side of a diagonal tile, to show its staircase
+        computed = skipped = diagonal = 0
+        top, left = 0.0, 0.0
+        y = top
+        for a in range(nq):
+            rows = slice(a * Bq, min((a + 1) * Bq, L))
+            h = heights[a]
+            x = left
+            for b in range(nk):
+                cols = slice(b * Bk, min((b + 1) * Bk, S))
+                w = widths[b]
+                if cols.start > rows.stop - 1:  # every key after every query of the tile: skipped
+                    skipped += 1
+                    rect = mpatches.Rectangle((x, y), w, h, facecolor=PALETTE["mask_blocked"], edgecolor=MUTED,
+                                              linestyle=(0, (3, 2)), linewidth=1.0, zorder=2)
+                    rect.set_gid("tile:skipped")
+                    d.ax.add_patch(rect)
+                else:
+                    computed += 1
+                    whole = cols.stop - 1 <= rows.start  # every key at or before every query of the tile
+                    if whole:
+                        rect = mpatches.Rectangle((x, y), w, h, facecolor=PALETTE["mask_allowed"], edgecolor="none",
+                                                  zorder=2)
+                        rect.set_gid("tile:full")
+                        d.ax.add_patch(rect)
+                    else:
+                        diagonal += 1
+                        r, c = min(sub, rows.stop - rows.start), min(sub, cols.stop - cols.start)
+                        for i in range(r):
+                            query = rows.start + (i + 0.5) * (rows.stop - rows.start) / r
+                            for j in range(c):
+                                key = cols.start + (j + 0.5) * (cols.stop - cols.start) / c
+                                colour = PALETTE["mask_allowed"] if key <= query else PALETTE["mask_blocked"]
+                                cell = mpatches.Rectangle((x + j * w / c, y + i * h / r), w / c, h / r,
+                                                          facecolor=colour, edgecolor="none", zorder=2)
+                                cell.set_gid("tile:diagonal")
+                                d.ax.add_patch(cell)
+                    frame = mpatches.Rectangle((x, y), w, h, facecolor="none", edgecolor=INK, linewidth=1.4, zorder=3)
+                    d.ax.add_patch(frame)
+                x += w
+            y += h
+        width, height = x - left, y - top
+        d._note(left, top, left + width, top + height)
+        for b in range(nk):  # key tile numbers above, query tile numbers on the left
+            label = f"{b * Bk}–{min((b + 1) * Bk, S) - 1}"
+            if _text_box(label, 7)[0] > widths[b] - 0.04:  # too wide for the tile: on two lines
+                label = label.replace("–", "–\n")
+            d.text(left + sum(widths[:b]) + widths[b] / 2, top - 0.1, label, va="bottom", size=7)
+        for a in range(nq):
+            d.text(left - 0.08, top + sum(heights[:a]) + heights[a] / 2, f"{a * Bq}–{min((a + 1) * Bq, L) - 1}",
+                   ha="right", size=7)
+        d.text(left + width / 2, top - 0.45, f"keys, S = {S}, in tiles of {Bk}", colour=INK, va="bottom")
+        d.text(left - 0.65, top + height / 2, f"queries, L = {L},\nin tiles of {Bq}", colour=INK, ha="right")
+        total = nq * nk
+        counted = d.text(left + width + 0.2, top, f"{computed} of {total} tiles computed\n(solid outline):\n"
+                         f"{diagonal} on the diagonal, with\nthe mask inside them,\n{computed - diagonal} in full",
+                         ha="left", va="top", colour=INK)
+        d.text(left + width + 0.2, counted.y1 + 0.12, f"{skipped} skipped (dashed):\nevery score blocked",
+               ha="left", va="top", colour=INK)
+        d._roles += ["mask_allowed"]
+        d.legend(["mask_allowed", "mask_blocked"], y=top + height + 0.25)
+        return (f"Diagram of the causal tile grid: the (L, S) = ({L}, {S}) score matrix in tiles of {Bq} queries by "
+                f"{Bk} keys, {nq} by {nk} tiles. The {skipped} tiles wholly above the diagonal hold only blocked scores "
+                f"and are skipped (dashed); the {diagonal} tiles on the diagonal are computed with the causal mask inside "
+                f"them (a staircase of allowed and blocked scores); the {computed - diagonal} below it are computed in "
+                f"full: {computed} of {total} tiles computed."
+                + (" A short last tile is drawn larger than to scale." if L % Bq or S % Bk else ""))
 
     return _fit(draw)
 

@@ -15,6 +15,7 @@ from matplotlib import colormaps  # noqa: E402
 from matplotlib.colors import to_hex, to_rgb, to_rgba  # noqa: E402
 
 import attn_course as ac  # noqa: E402
+from attn_course import bench  # noqa: E402
 from attn_course import diagrams as dg  # noqa: E402
 
 CHAPTERS = pathlib.Path(__file__).resolve().parent.parent / "chapters"
@@ -55,6 +56,10 @@ CASES = {
     "transformer_batch_heads": lambda: dg.transformer_flow(S=28, T=34, E=64, N=2, V=44, B=3, H=4),
     "tiled": lambda: dg.tiled_attention_flow(L=4, S=12, D=4, block_k=3, tile=1),
     "tiled_huge": lambda: dg.tiled_attention_flow(L=128, S=1024, D=64, block_k=128, tile=7),
+    "causal_tiles": lambda: dg.causal_tiles(100, block_q=32),
+    "causal_tiles_small": lambda: dg.causal_tiles(1, block_q=1),
+    "causal_tiles_rectangular": lambda: dg.causal_tiles(6, 9, block_q=2, block_k=3),
+    "causal_tiles_huge": lambda: dg.causal_tiles(4096, block_q=512, block_k=1024),
     "kv_cache": lambda: dg.kv_cache_flow(T=5, D=8),
     "kv_cache_rolling": lambda: dg.kv_cache_flow(T=9, D=4, window=4),
     "kv_cache_huge": lambda: dg.kv_cache_flow(T=100_000, D=128, window=4096),
@@ -155,6 +160,7 @@ def test_shapes_can_show_numbers_or_symbols_only():
     (lambda: dg.attention_flow(), "input", "X"),
     (lambda: dg.positional_flow(), "input", "tokens"),
     (lambda: dg.kv_cache_flow(), "key", "K"),
+    (lambda: dg.tiled_attention_flow(), "output", "acc"),
     (lambda: dg.linear_attention_flow(), "state", "Sₜ"),
     (lambda: dg.latent_attention_flow(), "state", "c_KV"),
 ])
@@ -345,6 +351,7 @@ def test_large_sizes_are_clamped_but_still_grow():
     (lambda: dg.transformer_flow(B=0), "B"),
     (lambda: dg.tiled_attention_flow(S=12, block_k=3, tile=4), "tile"),
     (lambda: dg.tiled_attention_flow(S=100, block_k=3), "block_k"),
+    (lambda: dg.causal_tiles(100, block_q=8), "block"),
     (lambda: dg.rotary_pairs(D=7), "D"),
     (lambda: dg.rotary_pairs(position=-1), "position"),
     (lambda: dg.grouped_heads(8, (3,)), "groups"),
@@ -566,3 +573,29 @@ def test_rotary_attention_flow_joins_w_v_to_the_values():
     ends = [tuple(p._path_original.vertices[-1]) for p in fig.findobj(matplotlib.patches.FancyArrowPatch)
             if getattr(p, "_path_original", None) is not None]  # where each arrow was drawn to, in inches
     assert any(np.allclose(end, v_left) for end in ends), (v_left, ends)
+
+
+@pytest.mark.parametrize("L, S, block_q, block_k", [(100, 100, 32, 32), (6, 9, 2, 3), (7, 7, 7, 7), (64, 64, 8, 16)])
+def test_causal_tiles_draws_the_tiles_that_tiled_attention_visits(L, S, block_q, block_k):
+    fig = dg.causal_tiles(L, S, block_q=block_q, block_k=block_k)
+    skipped = len(patches(fig, "tile:skipped"))
+    full = len(patches(fig, "tile:full"))
+    total = -(-L // block_q) * -(-S // block_k)
+    q, k = torch.randn(1, L, 4), torch.randn(1, S, 4)
+    with torch.no_grad():
+        counts = bench.operator_counts(lambda: ac.tiled_attention(q, k, k, is_causal=True, query_block_size=block_q,
+                                                                     key_block_size=block_k))
+    visited = counts["aten::matmul"] // 2  # two products per tile
+    assert total - skipped == visited, (skipped, visited)
+    assert f"{visited} of {total} tiles computed" in dg.alt_text(fig)
+    assert full <= visited
+    plt.close(fig)
+
+
+def test_tiled_attention_flow_feeds_the_value_tile_into_the_update():
+    fig = dg.tiled_attention_flow(L=4, S=12, D=8, block_k=4, tile=1, names={"L": "Lb", "block_k": "Sb"})
+    words = {t.get_text() for t in texts(fig)}
+    assert {"acc", "update m, ℓ, acc", "(Lb, Sb)\n(4, 4)", "(Lb, D)\n(4, 8)"} <= words, words
+    assert any("(Sb, D)\n(4, 8)" in w for w in words) and any("(Lb, 1)\n(4, 1)" in w for w in words)
+    assert "value tile V₂ (Sb, D) = (4, 8)" in dg.alt_text(fig)
+    plt.close(fig)
