@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attn_course.exercises.ch03 import (
-    check_cross_attention,
+    check_score_std,
     check_self_attention_by_hand,
     check_self_attention_module,
     check_softmax_jacobian,
@@ -60,10 +60,9 @@ def test_float32_jacobian_passes():
 
 
 def test_alternative_right_answers_pass():
-    # The Jacobian by autograd, entry by entry from the formula, and a module that calls the package.
-    autograd_jacobian = lambda p: torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), p.log())
+    # The Jacobian entry by entry from the formula, and a module that calls the package.
     loops = lambda p: torch.stack([torch.stack([p[i] * (float(i == j) - p[j]) for j in range(len(p))]) for i in range(len(p))])
-    assert check_softmax_jacobian(autograd_jacobian) and check_softmax_jacobian(loops)
+    assert check_softmax_jacobian(loops)
 
     class CallsThePackage(Module):
         def forward(self, x):
@@ -100,13 +99,13 @@ def test_self_attention_by_hand_wrong_answers(answer, text):
 @pytest.mark.parametrize(
     "answer, text",
     [
-        (lambda p: torch.diag(p), "diag(p); the term - p pᵀ is missing"),
-        (lambda p: -torch.outer(p, p), "diagonal term diag(p) is missing"),
+        (lambda p: torch.diag(p), "your matrix is diagonal"),
+        (lambda p: -torch.outer(p, p), "on the diagonal (i = j) miss a term"),
         (lambda p: torch.outer(p, p) - torch.diag(p), "signs are flipped"),
         (lambda p: torch.diag(p) - 0.5 * torch.outer(p, p), "values differ"),
         (lambda p: p, "expected shape"),
-        (lambda p: torch.diag(p * (1 - p)), "off-diagonal entries"),
-        (lambda p: torch.diag(p) - p @ p, "outer product"),
+        (lambda p: torch.diag(p * (1 - p)), "entries off the diagonal are missing"),
+        (lambda p: torch.diag(p) - p @ p, "dot product"),
     ],
 )
 def test_softmax_jacobian_wrong_answers(answer, text):
@@ -214,90 +213,6 @@ def test_untouched_scaffold_is_not_attempted(check, scaffold):
     assert not feedback
 
 
-# --- exercise 4, cross-attention on a batch: right answers, and a table of wrong ones -------------
-
-def cross(x_query, x_context, W_query, W_key, W_value, *, scale_width=None, dim=-1, swap=False, transpose_weights=False):
-    queries = x_query @ W_query                                       # (B, L, d_k)
-    keys, values = x_context @ W_key, x_context @ W_value             # (B, S, d_k), (B, S, d_v)
-    if swap:                                                          # K Qᵀ instead of Q Kᵀ
-        scores = keys @ queries.transpose(-2, -1)
-    else:
-        scores = queries @ keys.transpose(-2, -1)
-    divisor = {None: math.sqrt(keys.size(-1)), "d_k": keys.size(-1), "values": math.sqrt(values.size(-1)),
-               "query tokens": math.sqrt(x_query.size(-1)), "one": 1.0}[scale_width]
-    weights = torch.softmax(scores / divisor, dim=dim)
-    if transpose_weights:
-        weights = weights.transpose(-2, -1)
-    return weights @ values if not (swap or transpose_weights) else None, weights
-
-
-def cross_right(xq, xc, Wq, Wk, Wv):
-    return cross(xq, xc, Wq, Wk, Wv)
-
-
-def cross_einsum(xq, xc, Wq, Wk, Wv):
-    # Another way to write it: einsum, the batch-matrix transpose .mT and torch's own attention.
-    q, k, v = xq @ Wq, xc @ Wk, xc @ Wv
-    weights = torch.einsum("bld,bsd->bls", q, k).div(k.size(-1) ** 0.5).softmax(dim=-1)
-    torch.testing.assert_close(weights, torch.softmax(q @ k.mT / k.size(-1) ** 0.5, dim=-1))
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v), weights
-
-
-def test_cross_attention_right_answers_pass():
-    for answer in (cross_right, cross_einsum):
-        feedback = check_cross_attention(answer)
-        assert feedback.status == "correct", str(feedback)
-
-
-def _cross_wrong(**kwargs):
-    def answer(xq, xc, Wq, Wk, Wv):
-        weights = cross(xq, xc, Wq, Wk, Wv, **kwargs)[1]
-        return weights @ (xc @ Wv) if weights.shape[-1] == xc.size(1) else torch.zeros(xq.size(0), xq.size(1), Wv.size(1)), weights
-    return answer
-
-
-@pytest.mark.parametrize(
-    "answer, text",
-    [
-        (_cross_wrong(scale_width="one"), "forgot to divide"),
-        (_cross_wrong(scale_width="d_k"), "divide by its square root"),
-        (_cross_wrong(scale_width="values"), "width of the values"),
-        (_cross_wrong(scale_width="query tokens"), "width of the query tokens"),
-        (_cross_wrong(dim=-2), "columns sum to one"),
-        (_cross_wrong(dim=1), "columns sum to one"),
-        (_cross_wrong(dim=0), "over the batch"),
-        (_cross_wrong(swap=True), "not K Qᵀ"),
-        (_cross_wrong(transpose_weights=True), "one row per key"),
-        (lambda xq, xc, Wq, Wk, Wv: cross_right(xq, xc, Wq, Wk, Wv)[1], "return (context, weights)"),
-        (lambda xq, xc, Wq, Wk, Wv: (cross_right(xq, xc, Wq, Wk, Wv)[1] @ (xc @ Wv) * 2, cross_right(xq, xc, Wq, Wk, Wv)[1]), "values differ"),
-        (lambda xq, xc, Wq, Wk, Wv: (cross_right(xq, xc, Wq, Wk, Wv)[0][:, :, :1], cross_right(xq, xc, Wq, Wk, Wv)[1]), "expected shape (3, 4, 2)"),
-    ],
-)
-def test_cross_attention_wrong_answers(answer, text):
-    feedback = check_cross_attention(answer)
-    assert feedback.status == "incorrect", str(feedback)
-    assert text in feedback.message, feedback.message
-
-
-@pytest.mark.parametrize(
-    "answer",
-    [
-        # keys.T on a batch reverses all three axes: the matmul fails.
-        lambda xq, xc, Wq, Wk, Wv: (None, torch.softmax((xq @ Wq) @ (xc @ Wk).T, dim=-1)),
-        # queries taken from the context sequence: the widths do not fit.
-        lambda xq, xc, Wq, Wk, Wv: cross_right(xc, xq, Wq, Wk, Wv),
-    ],
-)
-def test_cross_attention_crashing_answers_give_an_error_feedback(answer):
-    feedback = check_cross_attention(answer)
-    assert feedback.status == "error", str(feedback)
-    assert "last two" in str(feedback) and "Traceback" not in str(feedback)
-
-
-def test_cross_attention_scaffold_is_not_attempted():
-    assert check_cross_attention(_scaffold).status == "not attempted"
-
-
 # --- the shared mechanism's classes, and the answers the review tried (reviews/chapters-03-04.md) --
 
 def _by_hand_parts(x, W_query, W_key, W_value):
@@ -378,7 +293,7 @@ def test_self_attention_by_hand_written_differently_passes():
     "answer, text",
     [
         (lambda p: torch.eye(len(p), dtype=p.dtype) - p[None, :], "log-softmax"),
-        (lambda p: torch.autograd.functional.jacobian(lambda s: torch.softmax(s, 0), p), "taken at the scores s = p"),
+        (lambda p: torch.autograd.functional.jacobian(lambda s: torch.softmax(s, 0), p), "derive the Jacobian by hand"),
         (lambda p: torch.diag(p) - torch.outer(p, p.mul_(1.0001)), "changed its input `p` in place"),
         (lambda p: (torch.diag(p) - torch.outer(p, p)).half(), "float16 but the inputs were"),
         (lambda p: torch.diag(p) - torch.outer(p, p) if len(p) == 5 else torch.zeros(len(p), len(p)), "values differ"),
@@ -443,35 +358,235 @@ def test_self_attention_module_written_differently_passes():
     assert check_self_attention_module(_module_with("permute")).status == "correct"
 
 
-def _cross_with(mode):
-    def answer(x_query, x_context, W_query, W_key, W_value):
-        q, k, v = x_query @ W_query, x_context @ W_key, x_context @ W_value
-        width = {"queries": x_query.size(1), "keys": x_context.size(1), "fixed": 8}.get(mode, k.size(-1))
-        if mode == "in place":
-            x_query += 0.1
-        if mode == "batch of 3":
-            q = q.reshape(3, -1, q.size(-1))
-        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(width), dim=-1)
-        return w @ v, w
-    return answer
+# --- the answers the second review found accepted (reviews/chapter-03.md), and their classes -------
+
+def _hand_softmax(s):
+    e = (s - s.max()).exp()
+    return e / e.sum()
+
+
+def _jacobian_by_backward(p):  # autograd row by row, through a hand-written softmax
+    rows = []
+    for i in range(len(p)):
+        s = p.log().clone().requires_grad_()
+        _hand_softmax(s)[i].backward()
+        rows.append(s.grad)
+    return torch.stack(rows)
 
 
 @pytest.mark.parametrize(
-    "mode, status, text",
+    "answer, text",
     [
-        ("queries", "incorrect", "number of queries"),
-        ("keys", "incorrect", "number of keys"),
-        ("fixed", "incorrect", "the exercise's d_k"),
-        ("in place", "incorrect", "changed its input `x_query` in place"),
-        ("batch of 3", "incorrect", "expected shape (1, 3, 5)"),   # code that assumes B = 3
+        # Autograd instead of the derivation, by every route (the review: accepted, and blessed by the tests).
+        (lambda p: torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), p.log()), "derive the Jacobian by hand"),
+        (lambda p: torch.func.jacrev(lambda s: torch.softmax(s, 0))(p.log()), "derive the Jacobian by hand"),
+        (lambda p: torch.autograd.functional.jacobian(_hand_softmax, p.log()), "derive the Jacobian by hand"),
+        (lambda p: torch.func.jacfwd(_hand_softmax)(p.log()), "derive the Jacobian by hand"),
+        (_jacobian_by_backward, "derive the Jacobian by hand"),
+        # The review's other wrong Jacobians.
+        (lambda p: torch.diag(p * (1 - p)) - torch.outer(p, p), "counts the product p_i p_i twice"),
+        (lambda p: torch.eye(len(p), dtype=p.dtype) - torch.outer(p, p), "starts from 1"),
+        (lambda p: torch.diag(p) + torch.outer(p, p), "values differ"),
+        (lambda p: (lambda q: torch.diag(q) - torch.outer(q, q))(p.clamp(min=1e-3)), "values differ"),
+        (lambda p: torch.diag(p) - torch.outer(p, p) / p.sum() * (1 + 1e-4), "close to the Jacobian"),
     ],
 )
-def test_cross_attention_mechanism_classes(mode, status, text):
-    feedback = check_cross_attention(_cross_with(mode))
-    assert feedback.status == status and text in str(feedback), str(feedback)
+def test_softmax_jacobian_review_wrong_answers(answer, text):
+    feedback = check_softmax_jacobian(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
 
 
-def test_cross_attention_success_message_does_not_give_the_shapes_away():
-    # Exercise 4 asks the reader to predict the shapes: the verdict of the solution must not print them.
-    message = check_cross_attention(cross_right).message
-    assert "(3, 4, 6)" not in message and "(3, 4, 2)" not in message
+def test_softmax_jacobian_hint_and_messages_do_not_give_the_formula_away():
+    hint = check_softmax_jacobian(lambda p: torch.diag(p)).hint
+    assert "outer product" not in hint and "diagonal matrix of p" not in hint and "p_i p_j" not in hint
+    for answer in (lambda p: torch.diag(p), lambda p: -torch.outer(p, p)):
+        message = check_softmax_jacobian(answer).message
+        assert "p pᵀ" not in message and "diag(p)" not in message, message
+
+
+def test_softmax_jacobian_tiny_entries_are_shown_with_significant_digits():
+    # The nearly one-hot case: entries of 1e-5; a fixed four decimals showed "expected 0.0000, got 0.0000".
+    def off_where_tiny(p):
+        jacobian = torch.diag(p) - torch.outer(p, p)
+        if len(p) == 4:
+            jacobian[1, 1] += 2e-6
+        return jacobian
+
+    feedback = check_softmax_jacobian(off_where_tiny)
+    assert feedback.status == "incorrect" and "0.0000" not in feedback.message, str(feedback)
+    assert "e-0" in feedback.message, feedback.message
+
+
+def test_softmax_jacobian_review_right_answers_pass():
+    import numpy as np
+    for answer in (
+        lambda p: np.diag(p.numpy()) - np.outer(p.numpy(), p.numpy()),
+        lambda p: (torch.diag(p) - torch.outer(p, p)).tolist(),
+        lambda p: [[float(p[i]) * ((i == j) - float(p[j])) for j in range(len(p))] for i in range(len(p))],
+        lambda p: torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2),
+        lambda p: p[:, None] * (torch.eye(len(p), dtype=p.dtype) - p[None, :]),
+        lambda p: torch.diag(p) - torch.outer(p, p) / p.sum(),
+    ):
+        assert check_softmax_jacobian(answer).status == "correct"
+
+
+class SharedQueryKey(Module):
+    """W_query and W_key one layer under two names: symmetric scores (the review: accepted)."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__(d_in, d_k, d_v)
+        self.W_query = self.W_key = nn.Linear(d_in, d_k, bias=False)
+
+
+class SharedWeight(Module):
+    """Two layers, one weight tensor."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__(d_in, d_k, d_v)
+        self.W_key.weight = self.W_query.weight
+
+
+class LayersInForward(nn.Module):
+    """New, untrained layers at every call (the review: accepted)."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__()
+        self.sizes = (d_in, d_k, d_v)
+        self.W_query = nn.Linear(d_in, d_k, bias=False)
+        self.W_key = nn.Linear(d_in, d_k, bias=False)
+        self.W_value = nn.Linear(d_in, d_v, bias=False)
+
+    def forward(self, x):
+        d_in, d_k, d_v = self.sizes
+        self.W_query, self.W_key, self.W_value = (nn.Linear(d_in, d, bias=False) for d in (d_k, d_k, d_v))
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)
+        return w @ v, w
+
+
+class FreshWeightsInForward(Module):
+    """The same layers, but their weights drawn anew at every call."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            for layer in (self.W_query, self.W_key, self.W_value):
+                layer.weight.normal_()
+        return super().forward(x.clone())
+
+
+class ExpWithoutShift(Module):
+    """A softmax written out without its maximum shift: NaN on large scores (the review: accepted)."""
+
+    def forward(self, x):
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        e = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(k.size(-1)))
+        w = e / e.sum(-1, keepdim=True)
+        return w @ v, w
+
+
+class HalfOutputs(Module):
+    """Float16 results of float32 inputs (the review: accepted, and the tolerance loosened)."""
+
+    def forward(self, x):
+        return tuple(t.half() for t in super().forward(x))
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (SharedQueryKey, "W_query and W_key are one layer"),
+        (SharedWeight, "W_query and W_key are one layer"),
+        (LayersInForward, "replaced W_query, W_key, W_value with a new layer"),
+        (ExpWithoutShift, "overflows float32"),
+        (HalfOutputs, "float16 but the inputs were torch.float32"),
+    ],
+)
+def test_self_attention_module_review_wrong_answers(answer, text):
+    feedback = check_self_attention_module(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+def test_self_attention_module_fresh_weights_are_caught():
+    # Weights drawn anew in forward: caught, whichever of the comparisons sees it first.
+    feedback = check_self_attention_module(FreshWeightsInForward)
+    assert feedback.status == "incorrect", str(feedback)
+
+
+def test_self_attention_by_hand_half_results_are_named():
+    half = lambda x, q, k, v: tuple(t.half() for t in by_hand(x, q, k, v))
+    feedback = check_self_attention_by_hand(half)
+    assert feedback.status == "incorrect" and "float16 but the inputs were" in feedback.message, str(feedback)
+
+
+# --- exercise 4, the size of the scores at initialisation -------------------------------------------
+
+def score_std(d_model, d_k, std_query, std_key):
+    return math.sqrt(d_k) * d_model * std_query * std_key
+
+
+def test_score_std_right_answers_pass():
+    import numpy as np
+    for answer in (
+        score_std,
+        lambda d_model, d_k, sq, sk: (d_k * (d_model * sq ** 2) * (d_model * sk ** 2)) ** 0.5,   # variance, then root
+        lambda d_model, d_k, sq, sk: torch.tensor(float(d_k)).sqrt() * d_model * sq * sk,       # a 0-d tensor
+        lambda d_model, d_k, sq, sk: np.sqrt(np.int64(d_k)) * np.float32(d_model) * sq * sk,   # numpy numbers
+    ):
+        feedback = check_score_std(answer)
+        assert feedback.status == "correct", str(feedback)
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (lambda m, d, q, k: d * m ** 2 * q ** 2 * k ** 2, "that is the variance"),
+        (lambda m, d, q, k: math.sqrt(d) * q * k, "sums d_model products"),
+        (lambda m, d, q, k: math.sqrt(d * m) * q * k, "a factor d_model, not √d_model"),
+        (lambda m, d, q, k: d * m * q * k, "√d_k in the standard deviation"),
+        (lambda m, d, q, k: math.sqrt(d) * m * q ** 2 * k ** 2, "to the first power"),
+        (lambda m, d, q, k: math.sqrt(m) * d * q * k, "swapped d_model and d_k"),
+        (lambda m, d, q, k: m * q * k, "after the division by √d_k"),
+        (lambda m, d, q, k: math.sqrt(d) * m * math.sqrt(q ** 2 + k ** 2), "do not add"),
+        (lambda m, d, q, k: math.sqrt(d) * m * (q + k), "do not add"),
+        (lambda m, d, q, k: score_std(m, d, q, k) * 1.03, "within 10% of the exact value"),
+        (lambda m, d, q, k: score_std(512, 64, q, k), "not the standard deviation"),        # the notebook's sizes only
+        (lambda m, d, q, k: 1.0, "not the standard deviation"),
+        (lambda m, d, q, k: "8/3", "return a number"),
+        (lambda m, d, q, k: [score_std(m, d, q, k)], "return a number"),
+    ],
+)
+def test_score_std_wrong_answers(answer, text):
+    feedback = check_score_std(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+    assert "Hint:" in str(feedback)
+
+
+def test_score_std_measured_answer_is_not_enough():
+    def measured(d_model, d_k, std_query, std_key):
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(4000, d_model, generator=g) @ (torch.randn(d_model, d_k, generator=g) * std_query)
+        k = torch.randn(4000, d_model, generator=g) @ (torch.randn(d_model, d_k, generator=g) * std_key)
+        return float((q * k).sum(-1).std())
+    feedback = check_score_std(measured)
+    assert feedback.status == "incorrect", str(feedback)
+
+
+def test_score_std_crash_and_scaffold():
+    assert check_score_std(_scaffold).status == "not attempted"
+    feedback = check_score_std(lambda m, d, q, k: 1 / 0)
+    assert feedback.status == "error" and "Traceback" not in str(feedback)
+
+
+def test_keys_projected_with_the_query_matrix_are_named():
+    typo = lambda x, q, k, v: by_hand(x, q, q, v)
+    feedback = check_self_attention_by_hand(typo)
+    assert feedback.status == "incorrect" and "project the keys with W_query" in feedback.message, str(feedback)
+
+    class Typo(Module):
+        def forward(self, x):
+            q, v = self.W_query(x), self.W_value(x)
+            w = torch.softmax(q @ q.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
+            return w @ v, w
+
+    feedback = check_self_attention_module(Typo)
+    assert feedback.status == "incorrect" and "project the keys with W_query" in feedback.message, str(feedback)

@@ -46,7 +46,7 @@ CHAPTERS = {"ch02": "02_simple_self_attention", "ch03": "03_scaled_dot_product_a
 WRONG = {
     "ch02": (1, "def stable_softmax(scores):\n    e = torch.exp(scores - scores.max())\n    return e / e.sum(dim=-1, keepdim=True)",
              "You subtracted one maximum for the whole tensor"),
-    "ch03": (2, "def softmax_jacobian(p):\n    return torch.diag(p)", "the term - p pᵀ is missing"),
+    "ch03": (2, "def softmax_jacobian(p):\n    return torch.diag(p)", "your matrix is diagonal"),
 }
 STUB = {"ch02": 2, "ch03": 3}
 EXERCISES = {"ch02": 5, "ch03": 4}  # one autograded test cell and one point per exercise

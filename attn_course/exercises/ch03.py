@@ -1,11 +1,12 @@
 """Checks for the exercises of chapter 03, scaled dot-product attention.
 
 Each check tries the answer on the notebook's sizes and then on sizes unlike them (``other_sizes``:
-batch 1 and 3, ``L != S``, one query, odd widths), names the usual mistakes (no scale, the wrong
-width under the root, the softmax over the wrong axis, ``K Qᵀ``, ``keys.T`` on a batch) before comparing
-values, and uses the shared mechanism of ``attn_course.exercises``: torch's and the package's attention
-forbidden in exercise 1, inputs watched for changes in place, results' dtype and device. The table
-of wrong answers is in tests/test_exercises_ch03.py.
+batch 1 and 3, one token, odd widths) and on scores near 100, names the usual mistakes (no scale, the
+wrong width under the root, the softmax over the wrong axis, ``K Qᵀ``, ``keys.T`` on a batch, one layer
+shared by W_Q and W_K, a variance where a standard deviation is asked) before comparing values, and uses
+the shared mechanism of ``attn_course.exercises``: torch's and the package's attention forbidden in
+exercise 1, the softmax and autograd in exercise 2, inputs watched for changes in place, results' dtype
+and device. The table of wrong answers is in tests/test_exercises_ch03.py.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import torch
 from torch import nn
 
 from ..scaled import scaled_dot_product_attention
-from . import (Mismatch, NotAttempted, call, exercise, expect, expect_close, expect_sequence, expect_tensor,
-               other_sizes, randn, rng)
+from . import (Mismatch, NotAttempted, call, exercise, expect, expect_close, expect_number, expect_sequence,
+               expect_tensor, forbidden, other_sizes, randn, rng)
 
-__all__ = ["check_self_attention_by_hand", "check_softmax_jacobian", "check_self_attention_module", "check_cross_attention"]
+__all__ = ["check_self_attention_by_hand", "check_softmax_jacobian", "check_self_attention_module", "check_score_std"]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5) -> bool:
@@ -69,6 +70,10 @@ def _diagnose_weights(weights: torch.Tensor, queries: torch.Tensor, keys: torch.
     if scores.size(-1) == scores.size(-2):
         guesses.append((torch.softmax(scores.transpose(-2, -1) / math.sqrt(d_k), dim=-1),
                         "your weights are transposed: row i must hold query i's weights, so compute Q Kᵀ, not K Qᵀ"))
+    if queries.shape == keys.shape and n_keys > 1:
+        guesses.append((torch.softmax(queries @ queries.transpose(-2, -1) / math.sqrt(d_k), dim=-1),
+                        "your keys equal your queries (did you project the keys with W_query?): the scores q_i·q_j are "
+                        "then symmetric; the keys come from W_key"))
     if scores.dim() >= 3 and scores.size(0) > 1:
         guesses.append((torch.softmax(scores / math.sqrt(d_k), dim=0),
                         "your softmax runs over the batch (the first axis), so the sequences share one distribution; take "
@@ -128,11 +133,17 @@ def check_self_attention_by_hand(self_attention_by_hand) -> str:
     return "your weights and context vectors match attn_course.scaled_dot_product_attention, at every size tried."
 
 
+_DERIVE = "this exercise asks you to derive the Jacobian by hand, not to let autograd compute it"
+_AUTOGRAD_ROUTES = (torch.autograd.functional.jacobian, torch.autograd.functional.hessian, torch.autograd.grad,
+                    torch.autograd.backward, torch.Tensor.backward, torch.func.jacrev, torch.func.jacfwd,
+                    torch.func.grad, torch.func.vjp, torch.func.jvp)
+
+
 @exercise(
     "Exercise 2, the Jacobian of the softmax",
-    hint="treat the diagonal (where i and j are the same index) and the rest apart: raising score j raises p_j in proportion to p_j (1 - p_j) "
-         "and lowers every other p_i in proportion to p_i p_j; together that is a diagonal matrix of p minus the outer "
-         "product of p with itself",
+    hint="write α_i as the exponential of ω_i divided by the sum of the exponentials of all scores, and differentiate "
+         "that quotient with respect to ω_j, once for j equal to i and once for j different from i; then write every "
+         "exponential divided by the sum as the α it equals, so that p alone appears",
 )
 def check_softmax_jacobian(softmax_jacobian) -> str:
     generator = rng(32)
@@ -145,40 +156,62 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
     norms = []
     for what, p in cases.items():
         expected = torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), torch.log(p))  # (S, S)
-        got = expect_tensor(call(softmax_jacobian, p), what=what, shape=(p.numel(), p.numel()), dtype="float", convert=True)
+        with forbidden("softmax", *_AUTOGRAD_ROUTES, reason=_DERIVE):
+            answer = call(softmax_jacobian, p)
+        got = expect_tensor(answer, what=what, shape=(p.numel(), p.numel()), dtype="float", convert=True)
         if p.numel() > 1:
             tolerance = 1e-6 if p.dtype == torch.float64 else 1e-5
-            expect(not _close(got, torch.diag(p), atol=tolerance), f"{what}: your matrix is diag(p); the term - p pᵀ is missing "
-                   "(raising one score also lowers every other probability)")
-            expect(not _close(got, -torch.outer(p, p), atol=tolerance), f"{what}: your matrix is - p pᵀ; the diagonal term diag(p) is missing")
-            expect(not _close(got, torch.outer(p, p) - torch.diag(p), atol=tolerance), f"{what}: your signs are flipped; the diagonal must be positive")
-            expect(not _close(got, torch.diag(p * (1 - p)), atol=tolerance), f"{what}: only your diagonal, p_i (1 - p_i), is right; the "
-                   "off-diagonal entries - p_i p_j are missing (raising score j lowers every other probability)")
-            expect(not _close(got, torch.diag(p) - (p @ p), atol=tolerance), f"{what}: p @ p is a number (a dot product); the term you "
-                   "need is the outer product p pᵀ, an (S, S) matrix")
-            expect(not _close(got, torch.eye(p.numel(), dtype=p.dtype) - p[None, :].expand(p.numel(), -1), atol=tolerance),
-                   f"{what}: that is the Jacobian of the log-softmax, δ_ij - p_j; the softmax's has one more factor p_i")
-            at_p = torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), p)
-            expect(not _close(got, at_p, atol=tolerance), f"{what}: that is the Jacobian of the softmax taken at the scores "
-                   "s = p; but p holds the probabilities, and the scores that give them are log p (up to a constant). "
-                   "Write the Jacobian in terms of p itself")
-        # float64 p: float64 precision (an answer computed in float16 or float32 is off by more than 1e-6).
+            eye = torch.eye(p.numel(), dtype=p.dtype)
+            named = [
+                (torch.diag(p), "your matrix is diagonal: raising one score also lowers every other probability, so the "
+                 "entries off the diagonal (i ≠ j) cannot be zero"),
+                (-torch.outer(p, p), "your entries on the diagonal (i = j) miss a term: there ω_i is also in the numerator "
+                 "e^(ω_i), whose derivative adds one more term"),
+                (torch.outer(p, p) - torch.diag(p), "your signs are flipped: raising score i raises α_i, so the diagonal "
+                 "must be positive, and it lowers every other α, so the rest must be negative"),
+                (torch.diag(p * (1 - p)), "only your diagonal is right; the entries off the diagonal are missing (raising "
+                 "score j lowers every other probability)"),
+                (torch.diag(p * (1 - p)) - torch.outer(p, p), "your diagonal counts the product p_i p_i twice: the entries "
+                 "off the diagonal are right, but on the diagonal the quotient rule gives the -p_i² term once"),
+                (torch.diag(p) - (p @ p), "p @ p is a number (a dot product), the same for every entry; the term you need "
+                 "differs from pair to pair (i, j)"),
+                (eye - torch.outer(p, p), "your diagonal starts from 1, not from p_i: the derivative of e^(ω_i) is e^(ω_i) "
+                 "itself, which becomes α_i after dividing by the sum"),
+                (eye - p[None, :].expand(p.numel(), -1), "that is the Jacobian of the log-softmax, δ_ij - p_j; the "
+                 "softmax's has one more factor"),
+            ]
+            for guess, message in named:
+                expect(not _close(got, guess, atol=tolerance), f"{what}: {message}")
+        # Float64 p: an answer within float32's rounding passes (atol 1e-6); one off by more does not.
         atol, rtol = (1e-6, 1e-5) if p.dtype == torch.float64 else (1e-5, 1e-4)
-        expect_close(got, expected, what=what, atol=atol, rtol=rtol)
+        try:
+            expect_close(got, expected, what=what, atol=atol, rtol=rtol)
+        except Mismatch as wrong:
+            if "values differ" not in str(wrong):
+                raise
+            off_by = float((got.detach().cpu().double() - expected).abs().max())
+            if p.numel() > 1 and off_by <= 1e-3 * float(expected.abs().max()):
+                raise Mismatch(f"{what}: close to the Jacobian, but off by up to {off_by:.1e}: did you clamp p, or "
+                               "compute in lower precision? The check wants the exact formula") from None
+            off = ~torch.isclose(got.detach().cpu().double(), expected, atol=atol, rtol=rtol)
+            index = tuple(int(i) for i in off.nonzero()[0])  # three significant digits: the entries can be tiny
+            raise Mismatch(f"{what}: {int(off.sum())} of {off.numel()} values differ; first at index {index}: expected "
+                           f"{float(expected[index]):.3g}, got {float(got[index]):.3g}") from None
         norms.append(float(expected.norm()))
     return (
-        f"your Jacobian matches autograd. Its norm is {norms[0]:.3f} for the spread-out p and {norms[1]:.1e} for the nearly "
+        f"your Jacobian matches autograd's. Its norm is {norms[0]:.3f} for the spread-out p and {norms[1]:.1e} for the nearly "
         "one-hot p: a saturated softmax passes almost no gradient back to its scores."
     )
 
 
-def _check_module(module_class, d_in: int, d_k: int, d_v: int, x: torch.Tensor) -> tuple:
+def _check_module(module_class, d_in: int, d_k: int, d_v: int, x: torch.Tensor, note: str = "") -> tuple:
     B, T = x.shape[:2]
     module = call(module_class, d_in, d_k, d_v)
     expect(isinstance(module, nn.Module), f"{getattr(module_class, '__name__', module_class)} must be a subclass of torch.nn.Module")
     if not any(hasattr(module, name) for name in ("W_query", "W_key", "W_value")):
         call(module, x)  # the untouched scaffold returns None: "not attempted"
-    for name, d_out in (("W_query", d_k), ("W_key", d_k), ("W_value", d_v)):
+    names = ("W_query", "W_key", "W_value")
+    for name, d_out in zip(names, (d_k, d_k, d_v)):
         layer = getattr(module, name, None)
         expect(isinstance(layer, nn.Linear), f"the module needs an attribute {name} that is an nn.Linear; got {type(layer).__name__}")
         expect(
@@ -186,19 +219,35 @@ def _check_module(module_class, d_in: int, d_k: int, d_v: int, x: torch.Tensor) 
             f"{name} must map d_in={d_in} to {d_out} (d_k={d_k}, d_v={d_v}); got nn.Linear({layer.in_features}, {layer.out_features})",
         )
         expect(layer.bias is None, f"{name} must have no bias (bias=False), as in attn_course.SelfAttention")
-    what = f"x of shape (B={B}, T={T}, d_in={d_in}), d_k={d_k}, d_v={d_v}"
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            a, b = getattr(module, first), getattr(module, second)
+            shared = a is b or a.weight is b.weight or a.weight.data_ptr() == b.weight.data_ptr()
+            expect(not shared, f"{first} and {second} are one layer (one weight) under two names"
+                   + (": the scores x_i W Wᵀ x_j are then symmetric, and bank looks for river exactly as much as river "
+                      "looks for bank (section 8, why three projections)" if {first, second} == {"W_query", "W_key"} else "")
+                   + ". Create three separate nn.Linear layers in __init__")
+    layers = [getattr(module, name) for name in names]
+    what = f"x of shape (B={B}, T={T}, d_in={d_in}), d_k={d_k}, d_v={d_v}{note}"
     result = call(module, x)
+    replaced = [name for name, layer in zip(names, layers) if getattr(module, name) is not layer]
+    expect(not replaced, f"your forward replaced {', '.join(replaced)} with a new layer: create the layers once, in "
+           "__init__, so that they are the module's parameters, which training updates; forward only uses them")
     with torch.no_grad():
         queries, keys, values = module.W_query(x), module.W_key(x), module.W_value(x)  # (B, T, d)
     _weights_and_context(result, queries, keys, values, what, d_in=d_in, notebook_d_k=8)
+    again = _pair(call(module, x), what)[0]
+    if isinstance(again, torch.Tensor) and again.shape == result[0].shape:
+        expect(torch.equal(again.detach(), result[0].detach()), f"{what}: two calls of your module on the same x give "
+               "different outputs: does forward draw new weights? Create the layers once, in __init__")
     return module, result[0]
 
 
 @exercise(
     "Exercise 3, a self-attention module with d_k ≠ d_v",
-    hint="three linear layers without bias, named as the exercise says: queries and keys of width d_k, values of "
-         "width d_v; in forward, divide the scores by the square root of d_k, and swap only the last two axes of the "
-         "keys (a batch has three)",
+    hint="three separate linear layers without bias, created in __init__ and named as the exercise says: queries and "
+         "keys of width d_k, values of width d_v; in forward, divide the scores by the square root of d_k, and swap "
+         "only the last two axes of the keys (a batch has three)",
 )
 def check_self_attention_module(module_class) -> str:
     if module_class is ... or module_class is None:
@@ -216,35 +265,61 @@ def check_self_attention_module(module_class) -> str:
     for size in other_sizes(same_length=True):
         d_in, d_k, d_v = size.E, size.E + 1, max(1, size.E // 2 + 2)
         _check_module(module_class, d_in, d_k, d_v, randn(size.B, size.T, d_in, generator=generator))
+    # Inputs large enough that the scaled scores reach about ±100, where exp without its maximum shift overflows.
+    _check_module(module_class, 5, 8, 3, randn(2, 6, 5, generator=generator, scale=15.0), note=" (scores near ±100)")
     return "the module gives contexts of shape (B, T, d_v), scaled by sqrt(d_k), at every size tried, and trains all three projections."
 
 
+def _score_std_mistakes(d_model: int, d_k: int, std_query: float, std_key: float) -> list[tuple[float, str]]:
+    """Plausible wrong formulas for the standard deviation of q·k, each with what it gets wrong."""
+    q, k = std_query, std_key
+    return [
+        (d_k * d_model ** 2 * q ** 2 * k ** 2, "that is the variance of q·k; the exercise asks for its standard deviation, "
+         "the square root of the variance"),
+        (math.sqrt(d_k) * q * k, "you used std_query and std_key as the spread of the entries of q and k themselves; but "
+         "q = x W_Q, so each entry of q sums d_model products x_i W_ie, and its variance is d_model times that of one "
+         "product (the same for k)"),
+        (math.sqrt(d_k * d_model) * q * k, "each entry of q gets a variance d_model σ_Q², and each entry of k a variance "
+         "d_model σ_K²: their product carries d_model twice, so the standard deviation has a factor d_model, not "
+         "√d_model"),
+        (d_k * d_model * q * k, "the d_k products q_e k_e add their variances: a factor d_k in the variance, so √d_k in "
+         "the standard deviation"),
+        (math.sqrt(d_k) * d_model * q ** 2 * k ** 2, "std_query and std_key are standard deviations: a variance is their "
+         "square, but the standard deviation of the score has them to the first power"),
+        (math.sqrt(d_model) * d_k * q * k, "you swapped d_model and d_k: d_model is the width of the tokens (summed inside "
+         "each entry of q and k), d_k the width of q and k (summed in the dot product)"),
+        (d_model * q * k, "that is the standard deviation after the division by √d_k; the exercise asks for the unscaled "
+         "score q·k"),
+        (math.sqrt(d_k) * d_model * (q ** 2 + k ** 2) ** 0.5, "the variances of two independent factors multiply, they "
+         "do not add: Var(q_e k_e) = Var(q_e) Var(k_e) for independent q_e, k_e of mean 0"),
+        (math.sqrt(d_k) * d_model * (q + k), "the standard deviations of two independent factors multiply, they do not "
+         "add: Var(q_e k_e) = Var(q_e) Var(k_e) for independent q_e, k_e of mean 0"),
+    ]
+
+
 @exercise(
-    "Exercise 4, cross-attention on a batch",
-    hint="queries come from the query sequence, keys and values from the context sequence; swap only the last two "
-         "axes of the keys (on a batch, the plain transpose reverses all three); scale by the square root of the "
-         "projected width d_k, and take the softmax over the keys, the last axis",
+    "Exercise 4, the size of the scores at initialisation",
+    hint="go in three steps, as in section 5.1: the variance of one entry q_e (a sum of d_model products x_i W_ie), "
+         "the variance of one product q_e k_e (independent factors of mean 0: the variances multiply), and the "
+         "variance of the sum of d_k such products; the standard deviation is the square root of the last",
 )
-def check_cross_attention(cross_attention) -> str:
-    generator = rng(35)
-    # The notebook's sizes (every axis its own size), then others: batch 1, one query, L > S, L < S.
-    cases = [(3, 4, 6, 5, 7, 8, 2)] + [(s.B, s.L, s.S, s.E, s.E + 2, s.E + 1, max(1, s.E - 3)) for s in other_sizes()]
-    for B, L, S, d_query, d_context, d_k, d_v in cases:
-        x_query = randn(B, L, d_query, generator=generator)
-        x_context = randn(B, S, d_context, generator=generator)
-        W_query = randn(d_query, d_k, generator=generator)
-        W_key = randn(d_context, d_k, generator=generator)
-        W_value = randn(d_context, d_v, generator=generator)
-        what = f"B={B}, L={L} queries of width {d_query}, S={S} keys of width {d_context}, d_k={d_k}, d_v={d_v}"
-        result = call(cross_attention, x_query, x_context, W_query, W_key, W_value)
-        queries = x_query @ W_query  # (B, L, d_query) @ (d_query, d_k) -> (B, L, d_k)
-        keys, values = x_context @ W_key, x_context @ W_value  # (B, S, d_k), (B, S, d_v)
-        weights = _pair(result, what)[1]
-        if isinstance(weights, torch.Tensor) and weights.shape == (B, L, S) and d_query not in (d_k, d_v, S, 1):
-            scores = queries @ keys.transpose(-2, -1)  # (B, L, S)
-            expect(not _close(weights, torch.softmax(scores / math.sqrt(d_query), dim=-1)),
-                   f"weights for {what}: you divided by sqrt({d_query}), the width of the query tokens; the scale comes from "
-                   f"the width of queries and keys after projection, sqrt(d_k) = sqrt({d_k})")
-        _weights_and_context(result, queries, keys, values, what, notebook_d_k=8)
-    return ("queries from one sequence, keys and values from another: your weights and context match "
-            "attn_course.scaled_dot_product_attention for every batch, length and width tried.")
+def check_score_std(score_std) -> str:
+    # The notebook's nn.Linear-like case, then widths and scales unlike it (std != its square, d_model != d_k),
+    # one of width 1, and T5's initialisation.
+    cases = [(512, 64, 1 / math.sqrt(3 * 512), 1 / math.sqrt(3 * 512)), (64, 16, 0.5, 2.0), (10, 7, 0.2, 0.3),
+             (1, 1, 1.5, 0.5), (3, 200, 0.7, 0.05), (3000, 128, (3000 * 128) ** -0.5, 3000 ** -0.5)]
+    for d_model, d_k, std_query, std_key in cases:
+        what = f"score_std(d_model={d_model}, d_k={d_k}, std_query={std_query:.4g}, std_key={std_key:.4g})"
+        got = expect_number(call(score_std, d_model, d_k, std_query, std_key), what=what)
+        right = math.sqrt(d_k) * d_model * std_query * std_key
+        if math.isclose(got, right, rel_tol=1e-6):
+            continue
+        for guess, message in _score_std_mistakes(d_model, d_k, std_query, std_key):
+            if not math.isclose(guess, right, rel_tol=1e-3):  # a mistake that gives the right number here cannot be named
+                expect(not math.isclose(got, guess, rel_tol=1e-6), f"{what}: {message}")
+        if math.isclose(got, right, rel_tol=0.1):
+            raise Mismatch(f"{what}: you returned {got:.4g}, within 10% of the exact value but not equal to it. A "
+                           "measurement only estimates it: derive the exact formula, as section 5.1 did")
+        raise Mismatch(f"{what}: you returned {got:.4g}, which is not the standard deviation of q·k")
+    return ("your formula gives the exact standard deviation of q·k for every width and scale tried; run the next cell "
+            "to compare it with a measurement.")
