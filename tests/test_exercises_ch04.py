@@ -118,7 +118,7 @@ def test_causal_mask_wrong_answers(answer, text):
         (lambda q, k, v, m: masked_attention(q, k, v, m, fill=-1e9), "does not exist in float16"),
         (lambda q, k, v, m: masked_attention(q, k, v, m, fill=torch.finfo(torch.float32).min), "does not exist in float16"),
         # Scaled by the number of keys instead of the width.
-        (lambda q, k, v, m: (lambda s: (lambda w: (w @ v, w))(torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)))(q @ k.T / math.sqrt(k.size(0))), "values differ"),
+        (lambda q, k, v, m: (lambda s: (lambda w: (w @ v, w))(torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)))(q @ k.T / math.sqrt(k.size(0))), "number of keys"),
     ],
 )
 def test_masked_attention_wrong_answers(answer, text):
@@ -193,7 +193,6 @@ def test_leak_test_alternatives_pass():
     for answer in (
         leaks_one_token_at_a_time,
         _leak_test(compare=lambda out, t: out[:, t]),                 # only output t itself, for every t
-        _leak_test(tolerance=1e-9, rtol=0.0),                          # allclose with a tolerance far below the leak
         lambda model, x: torch.tensor(_leak_test()(model, x)),         # a 0-d bool tensor
     ):
         feedback = check_leak_test(answer)
@@ -442,7 +441,7 @@ def test_masked_attention_finite_fill_that_does_not_fit_float16_is_named():
         (lambda lengths, T: batch_mask([4, 1, 3, 2], 4), "expected shape"),
         # Left padding where the exercise pads on the right.
         (lambda lengths, T: causal_by_hand(T) & (torch.arange(T)[None, :] >= T - torch.tensor(lengths)[:, None])[:, None, :],
-         "should be"),
+         "left padding"),
     ],
 )
 def test_batch_mask_mechanism_classes(answer, text):
@@ -492,4 +491,197 @@ def test_leak_test_mechanism_classes():
 )
 def test_sliding_window_forbidden_routes_and_fixed_sizes(answer, text):
     feedback = check_sliding_window_mask(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+# --- the answers the second review found accepted or wrongly rejected (reviews/chapter-04.md) -------
+
+def _masked_float32_inside(q, k, v, allowed, cast_weights=True, cast_output=True):
+    scores = q.float() @ k.float().T / q.size(-1) ** 0.5
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    weights = weights.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+    output = weights @ v.float()
+    return (output.to(q.dtype) if cast_output else output), (weights.to(q.dtype) if cast_weights else weights)
+
+
+def _masked_exp_shifted_by_allowed_max(q, k, v, allowed):  # exp(s - max over the allowed keys) * allowed
+    scores = q @ k.T / q.size(-1) ** 0.5
+    top = scores.masked_fill(~allowed, float("-inf")).amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    e = torch.exp(scores - top) * allowed
+    total = e.sum(-1, keepdim=True)
+    weights = torch.where(total > 0, e / total, torch.zeros_like(e))
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        # Float32 results for float16/bfloat16 inputs (the review: accepted).
+        (lambda q, k, v, m: _masked_float32_inside(q, k, v, m, cast_weights=False, cast_output=False),
+         "your result is torch.float32 but the inputs were torch.float16"),
+        (lambda q, k, v, m: _masked_float32_inside(q, k, v, m, cast_weights=False), "weights for float16 inputs"),
+        (lambda q, k, v, m: _masked_float32_inside(q, k, v, m, cast_output=False), "output for float16 inputs"),
+        # exp of the blocked score overflows: named as such, not as "softmax first" (the review: misattributed).
+        (_masked_exp_shifted_by_allowed_max, "went into an exponential"),
+    ],
+)
+def test_masked_attention_review_wrong_answers(answer, text):
+    feedback = check_masked_attention(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+def test_masked_attention_renormalise_after_is_still_named():
+    feedback = check_masked_attention(renormalise_after)
+    assert feedback.status == "incorrect" and "softmax first and then zero and renormalise" in feedback.message, str(feedback)
+
+
+def test_masked_attention_computed_in_float32_and_cast_back_passes():
+    assert check_masked_attention(_masked_float32_inside).status == "correct"
+
+
+def test_masked_attention_accelerator_case(monkeypatch):
+    # Where the machine has an accelerator the check runs one more case there. On a CPU-only machine, run
+    # that case's code on the CPU: a right answer passes it, and results on another device are named.
+    import attn_course.exercises.ch04 as ch04
+    monkeypatch.setattr(ch04, "_accelerators", lambda: [torch.device("cpu")])
+    assert check_masked_attention(masked_attention).status == "correct"
+    on_meta = lambda q, k, v, m: tuple(t.to("meta") for t in masked_attention(q, k, v, m))
+    feedback = check_masked_attention(on_meta)
+    assert feedback.status == "incorrect" and "your result is on meta" in feedback.message, str(feedback)
+
+
+def test_batch_mask_left_padding_is_named():
+    left = lambda lengths, T: causal_by_hand(T) & (torch.arange(T)[None, :] >= T - torch.tensor(lengths)[:, None])[:, None, :]
+    feedback = check_batch_mask(left)
+    assert feedback.status == "incorrect" and "padded at the end" in feedback.message, str(feedback)
+
+
+def _leak_test_by(same):
+    """The right loop, with the comparison ``same(a, b)`` a student chose."""
+    def leaks_future(model, x):
+        base = model(x)
+        for t in range(x.size(1) - 1):
+            changed = x.clone()
+            changed[:, t + 1:] = torch.randn_like(changed[:, t + 1:])
+            if not same(model(changed)[:, : t + 1], base[:, : t + 1]):
+                return True
+        return False
+    return leaks_future
+
+
+# Every tolerance the review found accepted, and smaller ones: each misses the leak of one rounding step.
+TOLERANCES = {
+    "atol=1e-6": lambda a, b: torch.allclose(a, b, rtol=0, atol=1e-6),
+    "atol=1e-7": lambda a, b: torch.allclose(a, b, rtol=0, atol=1e-7),
+    "atol=1e-12": lambda a, b: torch.allclose(a, b, rtol=0, atol=1e-12),
+    "rtol=1e-6": lambda a, b: torch.allclose(a, b, rtol=1e-6, atol=0),
+    "rtol=1e-7": lambda a, b: torch.allclose(a, b, rtol=1e-7, atol=0),
+    "rtol=1e-7, atol=1e-8": lambda a, b: torch.allclose(a, b, rtol=1e-7, atol=1e-8),
+    "max < 1e-6": lambda a, b: bool((a - b).abs().max() < 1e-6),
+    "max < 5e-7": lambda a, b: bool((a - b).abs().max() < 5e-7),
+    "max < 1e-7": lambda a, b: bool((a - b).abs().max() < 1e-7),
+    "max < 1e-9": lambda a, b: bool((a - b).abs().max() < 1e-9),
+    "max < 1e-11": lambda a, b: bool((a - b).abs().max() < 1e-11),
+    "assert_close": lambda a, b: torch.testing.assert_close(a, b) is None,
+}
+
+
+@pytest.mark.parametrize("name", list(TOLERANCES))
+def test_leak_test_with_any_tolerance_is_rejected(name):
+    same = TOLERANCES[name]
+
+    def tolerant(a, b):
+        try:
+            return same(a, b)
+        except AssertionError:
+            return False
+
+    feedback = check_leak_test(_leak_test_by(tolerant))
+    assert feedback.status == "incorrect" and "compare exactly" in feedback.message, str(feedback)
+
+
+def _jacobian_leak_test(model, x):
+    # Right: d output_i / d x_j must be exactly zero for every j > i.
+    x = x.detach().clone().requires_grad_()
+    out = model(x)
+    for i in range(x.size(1) - 1):
+        for e in range(out.size(-1)):
+            grad, = torch.autograd.grad(out[:, i, e].sum(), x, retain_graph=True)
+            if bool((grad[:, i + 1:] != 0).any()):
+                return True
+    return False
+
+
+def _prefix_leak_test(model, x):
+    # Wrong: a shorter input is not computed bit for bit like the full one.
+    full = model(x)
+    return any(not torch.equal(model(x[:, : t + 1]), full[:, : t + 1]) for t in range(x.size(1) - 1))
+
+
+def test_leak_test_jacobian_passes_without_enable_grad():
+    feedback = check_leak_test(_jacobian_leak_test)
+    assert feedback.status == "correct", str(feedback)
+
+
+def test_leak_test_on_a_shorter_input_is_named():
+    feedback = check_leak_test(_prefix_leak_test)
+    assert feedback.status == "incorrect" and "shorter input" in feedback.message, str(feedback)
+
+
+def test_leak_test_other_right_answers_pass():
+    def changed_by(transform):
+        def leaks_future(model, x):
+            base = model(x)
+            for t in range(x.size(1) - 1):
+                changed = x.clone()
+                changed[:, t + 1:] = transform(changed[:, t + 1:])
+                if not torch.equal(model(changed)[:, : t + 1], base[:, : t + 1]):
+                    return True
+            return False
+        return leaks_future
+
+    for transform in (lambda z: -z, lambda z: torch.zeros_like(z), lambda z: 2 * z, lambda z: z + 0.1):
+        assert check_leak_test(changed_by(transform)).status == "correct"
+
+
+def test_leak_check_has_a_leak_below_every_tolerance():
+    from attn_course.exercises.ch04 import _attention_models
+
+    E, models = _attention_models()
+    x = torch.randn(2, 7, E, generator=torch.Generator().manual_seed(0))
+    later = x.clone()
+    later[:, 3:] = torch.randn_like(later[:, 3:])
+    tiny = [model for name, model, leaks, _ in models if leaks and "rounding step" in name]
+    assert len(tiny) == 1
+    a, b = tiny[0](x)[:, 0], tiny[0](later)[:, 0]
+    assert not torch.equal(a, b)                                   # an exact comparison sees it
+    assert torch.allclose(a, b, rtol=1e-7, atol=1e-12)             # every tolerance one would pick does not
+
+
+def test_masked_attention_names_which_computation_let_the_huge_score_in():
+    def renormalise_clamped(q, k, v, allowed):  # softmax first, the sum clamped at 1e-30: zeros, not NaN
+        w = torch.softmax(q @ k.T / q.size(-1) ** 0.5, -1) * allowed
+        w = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+        return w @ v, w
+
+    def exp_unshifted_nan(q, k, v, allowed):  # exp without any shift, times the mask: NaN
+        e = torch.exp(q @ k.T / q.size(-1) ** 0.5) * allowed
+        w = e / e.sum(-1, keepdim=True)
+        return w @ v, w
+
+    for answer, text in [(renormalise_after, "softmax first and then zero and renormalise"),
+                         (renormalise_clamped, "softmax first and then zero and renormalise"),
+                         (_masked_exp_shifted_by_allowed_max, "went into an exponential"),
+                         (exp_unshifted_nan, "NaN")]:
+        feedback = check_masked_attention(answer)
+        assert feedback.status == "incorrect" and text in feedback.message, (answer, str(feedback))
+
+
+@pytest.mark.parametrize("divisor, text", [(lambda q, k: math.sqrt(8), "the notebook's E"), (lambda q, k: math.sqrt(k.size(0)), "number of keys")])
+def test_masked_attention_wrong_widths_are_named(divisor, text):
+    def answer(q, k, v, allowed):
+        scores = q @ k.T / divisor(q, k)
+        w = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+        return w @ v, w
+    feedback = check_masked_attention(answer)
     assert feedback.status == "incorrect" and text in feedback.message, str(feedback)

@@ -19,6 +19,7 @@ import torch
 
 from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
 from ..scaled import SelfAttention, scaled_dot_product_attention
+from ..utils import get_device
 from . import Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, randn, rng
 from ._core import _StudentCodeFailed
 
@@ -68,12 +69,20 @@ def check_causal_mask(causal_mask_by_hand) -> str:
 
 
 def _diagnose_masked(output, weights, q, k, v, allowed, what: str) -> None:
-    """Compare a (output, weights) answer with the package's masked attention, naming the usual mistakes."""
+    """Compare a (output, weights) answer with the package's masked attention, naming the usual mistakes.
+
+    The result must be on the inputs' device and in their dtype; the comparisons themselves run on the CPU.
+    """
     L, S = allowed.shape
-    expected_output, expected_weights = scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     weights = expect_tensor(weights, what=f"weights for {what}", shape=(L, S), dtype="float", device=q)
-    w = weights.detach().cpu().double()
-    empty = [int(i) for i in (~allowed.cpu().any(-1)).nonzero().flatten()]
+    _same_dtype(weights, q, f"weights for {what}")
+    output = expect_tensor(output, what=f"output for {what}", dtype="float", device=q)
+    _same_dtype(output, q, f"output for {what}")
+    q, k, v, allowed = (t.detach().cpu() for t in (q, k, v, allowed))
+    weights, output = weights.detach().cpu(), output.detach().cpu()
+    expected_output, expected_weights = scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    w = weights.double()
+    empty = [int(i) for i in (~allowed.any(-1)).nonzero().flatten()]
     if bool(torch.isnan(w).any()):
         row = int(torch.isnan(w).any(-1).nonzero()[0])
         because = (f": row {row} has no key it may attend to, so its scores are all -inf and the softmax computes 0/0. "
@@ -84,21 +93,36 @@ def _diagnose_masked(output, weights, q, k, v, allowed, what: str) -> None:
                f"weights for {what}: row {row} may attend to nothing but got weight 1/{S} on every key: a finite fill value "
                "(like -1e9) makes the softmax of an all-masked row uniform, so the query averages keys it must not see. "
                "Give such rows zero weights")
-    blocked = w[~allowed.cpu()]
+    blocked = w[~allowed]
     blocked_weight = blocked.abs().max().item() if blocked.numel() else 0.0
     expect(blocked_weight < 1e-6, f"weights for {what}: blocked positions must get weight exactly 0; the largest blocked weight "
            f"is {blocked_weight:.4f}. Is True = may attend? (mask where the mask is False)")
     scores = q.double() @ k.double().T  # (L, E) @ (E, S) -> (L, S)
     unscaled = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
-    if not torch.allclose(unscaled, expected_weights.double().cpu(), atol=1e-3):
-        expect(not torch.allclose(w, unscaled.cpu(), atol=1e-4),
+    if not torch.allclose(unscaled, expected_weights.double(), atol=1e-3):
+        expect(not torch.allclose(w, unscaled, atol=1e-4),
                f"weights for {what}: your weights are not scaled: divide the scores by sqrt(E) = {math.sqrt(q.size(-1)):.2f}")
-    expect_close(weights, expected_weights, what=f"weights for {what}")
-    output = expect_tensor(output, what=f"output for {what}", shape=expected_output.shape, dtype="float", device=q)
+    E = q.size(-1)
+    for divisor, mistake in ((math.sqrt(8), f"sqrt(8), the notebook's E, but here E = {E}: take the width from q"),
+                             (math.sqrt(S), f"sqrt(S) = sqrt({S}), the number of keys; the scale comes from the width E")):
+        if abs(divisor - math.sqrt(E)) > 1e-9:
+            other = torch.softmax((scores / divisor).masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+            if not torch.allclose(other, expected_weights.double(), atol=1e-3):
+                expect(not torch.allclose(w, other, atol=1e-4), f"weights for {what}: you divided the scores by {mistake}")
+    low = q.dtype in (torch.float16, torch.bfloat16)  # half precision: compared in float32, to half's rounding
+    tolerance = dict(atol=3e-2, rtol=3e-2) if low else {}
+    expect_close(weights.float() if low else weights, expected_weights.float(), what=f"weights for {what}", **tolerance)
+    expect_tensor(output, what=f"output for {what}", shape=expected_output.shape)
     if bool(torch.isnan(output).any()):
         raise Mismatch(f"output for {what}: your output contains NaN" + (
             f" (row {empty[0]} has no key to attend to: its output must be zeros)" if empty else ""))
-    expect_close(output, expected_output, what=f"output for {what}")
+    expect_close(output.float() if low else output, expected_output.float(), what=f"output for {what}", **tolerance)
+
+
+def _same_dtype(got: torch.Tensor, like: torch.Tensor, what: str) -> None:
+    expect(got.dtype == like.dtype, f"{what}: your result is {got.dtype} but the inputs were {like.dtype}: return the "
+           "inputs' dtype, as ac.scaled_dot_product_attention does (compute in float32 inside if you like, then cast "
+           "back)")
 
 
 def _run_masked(masked_attention, q, k, v, allowed, what: str):
@@ -112,6 +136,23 @@ def _random_mask(L: int, S: int, generator: torch.Generator, empty_row: int | No
     if empty_row is not None:
         allowed[empty_row] = False
     return allowed
+
+
+def _accelerators() -> list:
+    """The machine's accelerator (CUDA or MPS) as a one-element list, or an empty list on a CPU-only machine."""
+    device = get_device()
+    return [device] if device.type != "cpu" else []
+
+
+def _spike(blocked_score: float) -> tuple:
+    """Two queries, three keys; key 2 is blocked for both and scores ``blocked_score`` after the scale."""
+    q = torch.zeros(2, 8)
+    q[:, 0] = 20.0
+    k = torch.zeros(3, 8)
+    k[2, 0] = blocked_score * math.sqrt(8) / 20.0
+    v = torch.arange(24, dtype=torch.float32).view(3, 8)
+    allowed = torch.tensor([[True, True, False], [True, False, False]])
+    return q, k, v, allowed
 
 
 @exercise(
@@ -131,21 +172,34 @@ def check_masked_attention(masked_attention) -> str:
     output, weights = _run_masked(masked_attention, q, k, v, allowed, "(L=4, S=5)")
     _diagnose_masked(output, weights, q, k, v, allowed, "(L=4, S=5)")
 
-    # 2. A blocked key with a huge score: softmax-then-renormalise underflows to 0/0 here (section 3).
-    spiky_q = torch.zeros(2, 8)
-    spiky_q[:, 0] = 20.0
-    spiky_k = torch.zeros(3, 8)
-    spiky_k[2, 0] = 40.0  # key 2 scores 800 / sqrt(8) with both queries, and both may not see it
-    spiky_v = torch.arange(24, dtype=torch.float32).view(3, 8)
-    spiky_allowed = torch.tensor([[True, True, False], [True, False, False]])
+    # 2. A blocked key with a huge score: softmax-then-renormalise underflows to 0/0 here (section 3), and
+    #    exp of the blocked score itself overflows.
     what = "a blocked key with a huge score (about 283 after scaling)"
-    spiky_out = expect_tensor(_run_masked(masked_attention, spiky_q, spiky_k, spiky_v, spiky_allowed, what)[0],
-                              what=f"output for {what}", shape=(2, 8))
-    expected_spiky, _ = scaled_dot_product_attention(spiky_q, spiky_k, spiky_v, attn_mask=spiky_allowed)
-    expect(not bool(torch.isnan(spiky_out).any()) and not torch.allclose(spiky_out.detach().float().cpu(), torch.zeros(2, 8)),
-           f"output for {what}: you get NaN or zeros. Did you take the softmax first and then zero and renormalise the "
-           "blocked weights? The huge blocked score takes all the weight in the first softmax, the allowed weights "
-           "underflow to 0, and 0/0 follows. Fill the blocked scores with -inf *before* the softmax")
+    spike = _spike(800 / math.sqrt(8))
+    spiky_out = expect_tensor(_run_masked(masked_attention, *spike, what)[0], what=f"output for {what}", shape=(2, 8))
+    expected_spiky, _ = scaled_dot_product_attention(*spike[:3], attn_mask=spike[3])
+    if bool(torch.isnan(spiky_out).any()) or torch.allclose(spiky_out.detach().float().cpu(), torch.zeros(2, 8)):
+        # Which computation let the blocked score in? e^x overflows float32 above about 88.7, while a softmax taken
+        # first underflows the allowed weights only when they sit more than about 103 below the blocked score (69
+        # with a sum clamped at 1e-30): blocked scores of 95 and 80 tell the two apart.
+        def probe(score: float) -> str:
+            out = expect_tensor(_run_masked(masked_attention, *_spike(score), what)[0], what=f"output for {what}", shape=(2, 8))
+            out = out.detach().float().cpu()
+            if not bool(torch.isfinite(out).all()):
+                return "not finite"
+            right = scaled_dot_product_attention(*_spike(score)[:3], attn_mask=_spike(score)[3])[0]
+            return "right" if torch.allclose(out, right, atol=1e-3, rtol=1e-3) else "wrong"
+
+        at_95 = probe(95.0)
+        overflow = at_95 == "not finite" or (at_95 == "wrong" and probe(80.0) == "right")
+        if overflow:
+            raise Mismatch(f"output for {what}: you get NaN or zeros. The blocked score went into an exponential: e^283 "
+                           "overflows float32 to inf, and inf times a zero of the mask is NaN. Fill the blocked scores "
+                           "with -inf before exponentiating (or before the softmax, which subtracts each row's maximum)")
+        raise Mismatch(f"output for {what}: you get NaN or zeros. Did you take the softmax first and then zero and "
+                       "renormalise the blocked weights? The huge blocked score takes all the weight in the first softmax, "
+                       "the allowed weights underflow to 0, and 0/0 follows. Fill the blocked scores with -inf *before* "
+                       "the softmax")
     expect_close(spiky_out, expected_spiky, what=f"output for {what}")
 
     # 3. Left padding behind a causal mask (the padding queries at the front see nothing), L != S, one
@@ -165,26 +219,32 @@ def check_masked_attention(masked_attention) -> str:
         output, weights = _run_masked(masked_attention, q, k, v, allowed, what)
         _diagnose_masked(output, weights, q, k, v, allowed, what)
 
-    # 4. Half precision, where -1e9 does not exist (section 4), and bfloat16.
+    # 4. Half precision, where -1e9 does not exist (section 4), and bfloat16: the output and the weights in
+    #    the inputs' dtype, with row 2 (nothing to attend to) at zero.
     q, k, v = (randn(n, 8, generator=generator, scale=2.0) for n in (4, 5, 5))
     allowed = causal_mask(4, 5)
     allowed[2] = False
-    expected_output, _ = scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     for dtype, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
         what = f"{name} inputs (L=4, S=5, row 2 with nothing to attend to)"
         low = [t.to(dtype) for t in (q, k, v)]
         try:
-            output = _run_masked(masked_attention, *low, allowed, what)[0]
+            output, weights = _run_masked(masked_attention, *low, allowed, what)
         except _StudentCodeFailed as failed:
             if isinstance(failed.error, RuntimeError) and "overflow" in str(failed.error):
                 raise Mismatch(f"for {what} your code raised {type(failed.error).__name__}: a fill value such as -1e9 "
                                f"does not exist in {name} (largest magnitude {torch.finfo(dtype).max:.0f}): fill with "
                                "float('-inf'), or with the smallest number of the scores' own dtype") from None
             raise
-        output = expect_tensor(output, what=f"output for {what}", shape=expected_output.shape, dtype="float")
-        expect(not bool(torch.isnan(output).any()), f"output for {what}: your output contains NaN (row 2 has no key to "
-               "attend to)")
-        expect_close(output.float(), expected_output, what=f"output for {what}", atol=3e-2, rtol=3e-2)  # half precision
+        _diagnose_masked(output, weights, *low, allowed, what)
+
+    # 5. On the machine's accelerator, where there is one: new tensors must follow the inputs' device.
+    for device in _accelerators():
+        what = f"inputs on {device.type} (L=4, S=5)"
+        q, k, v = (randn(n, 8, generator=generator).to(device) for n in (4, 5, 5))
+        allowed = causal_mask(4, 5, device=device)
+        allowed[2] = False
+        output, weights = _run_masked(masked_attention, q, k, v, allowed, what)
+        _diagnose_masked(output, weights, q, k, v, allowed, what)
     return ("blocked keys get weight 0, also when their score is huge, and rows with nothing to attend to give zeros "
             "instead of NaN, with left padding, at other sizes, in float32, float16 and bfloat16.")
 
@@ -222,6 +282,10 @@ def check_batch_mask(batch_mask) -> str:
         expect(not torch.equal(got, causal.expand(B, T, T)), f"{what}: the padding is missing: every sequence got the plain causal mask")
         expect(not torch.equal(got, padding[:, None, :].expand(B, T, T)), f"{what}: the causal part is missing: tokens can see later tokens")
         expect(not torch.equal(got, ~expected), f"{what}: your mask is in the blocked convention (True = blocked); here True must mean 'may attend'")
+        left = combine_masks(causal, padding=padding_mask(lengths, T, side="left"))
+        expect(not torch.equal(got, left), f"{what}: your padding is at the front (left padding, section 7); this "
+               "exercise's sequences are padded at the end, as in section 5: sequence b's real tokens are positions "
+               "0 to lengths[b] - 1")
         b = int((got != expected).flatten(1).any(1).nonzero()[0])
         raise Mismatch(f"{what}: the mask of sequence {b} (length {lengths[b]}) should be\n{_show(expected[b])}\nbut you returned\n{_show(got[b])}")
     return "every sequence gets the causal mask, with its padding keys blocked for every query, for every batch tried."
@@ -250,6 +314,18 @@ def _attention_models():
         out[:, 0] = out[:, 0] + 1e-6 * x[:, 3]
         return out
 
+    def rounding_peeks(x):
+        # Outputs of about 1e-5 (2^-17), and output 0 moves by at most one rounding step of float32 when token 3
+        # changes: relative 1e-7 or less, absolute 1e-12 or less. A differentiable leak (the derivative is
+        # 3.7 rounding steps per unit of x), which only an exact comparison sees.
+        out = attention(x, is_causal=True)[0] * 2.0 ** -17
+        base = 2.0 ** -17 * (1.6 + 0.35 * torch.tanh(out[:, 0] * 2.0 ** 17))  # in [1.25, 1.95] * 2^-17
+        step = 2.0 ** -40  # one rounding step of float32 there
+        leak = step * torch.remainder(3.7 * x[:, 3], 1.0)  # (B, E): from 0 to less than one step
+        out = out.clone()
+        out[:, 0] = base + leak  # rounds to base or to base plus one step
+        return out
+
     def middle_peeks(x):  # causal, except that output 4 peeks at token 5: position 0 never moves
         out = attention(x, is_causal=True)[0].clone()
         out[:, 4] = out[:, 4] + 1e-3 * x[:, 5]
@@ -273,15 +349,24 @@ def _attention_models():
     def sliding_window(x):  # causal, each token sees itself and the two before it
         return attention(x, attn_mask=sliding_window_mask(x.size(-2), 3, device=x.device))[0]
 
+    def small_causal(x):  # the same outputs as rounding_peeks, without its leak
+        out = attention(x, is_causal=True)[0] * 2.0 ** -17
+        out = out.clone()
+        out[:, 0] = 2.0 ** -17 * (1.6 + 0.35 * torch.tanh(out[:, 0] * 2.0 ** 17))
+        return out
+
     every_position = "a leak test must compare the outputs at every earlier position, not only position 0"
+    exactly = "compare exactly (torch.equal): the causal mask gives earlier outputs that are bit-for-bit the same"
     return E, [
         ("causal self-attention", causal, False, ""),
         ("self-attention without a mask", full, True, ""),
         ("attention that also sees the next token", one_ahead, True,
          "it leaks from token t + 1 into output t only: after changing the tokens after t, compare outputs 0..t, t included"),
         ("causal attention whose first output moves by a millionth of any change of token 3", first_peeks, True,
-         "the leak is a millionth of the change, below any tolerance you might pick: compare exactly (torch.equal), "
-         "as the causal mask gives earlier outputs that are bit-for-bit the same"),
+         f"the leak is a millionth of the change, about 1e-6: a tolerance that large misses it; {exactly}"),
+        ("causal attention with outputs of about 1e-5 whose first output moves by at most one rounding step of float32 "
+         "(about 1e-12, or 1e-7 of its size) when token 3 changes", rounding_peeks, True,
+         f"no tolerance, absolute or relative, is smaller than one rounding step; {exactly}"),
         ("causal attention whose output 4 peeks at token 5 (by 0.001)", middle_peeks, True,
          f"output 0 never moves in this model: {every_position}, and exactly"),
         ("attention in which the next-to-last output also sees the last token", last_leaks, True,
@@ -291,6 +376,7 @@ def _attention_models():
          "sequence's"),
         ("attention in which each token sees only itself", only_itself, False, ""),
         ("sliding-window causal attention (each token sees itself and the two before it)", sliding_window, False, ""),
+        ("causal attention with outputs of about 1e-5", small_causal, False, ""),
     ]
 
 
@@ -304,6 +390,14 @@ def _as_bool(answer):
     return answer
 
 
+def _watched(model, lengths: list):
+    """``model``, noting the length of every input it is given (a leak test that runs shorter inputs)."""
+    def run(x):
+        lengths.append(int(x.size(-2)) if isinstance(x, torch.Tensor) and x.dim() >= 2 else -1)
+        return model(x)
+    return run
+
+
 @exercise(
     "Exercise 4, a leak test",
     hint="for each position t, change every token after t (in a copy), run the model on both inputs and compare the "
@@ -314,19 +408,25 @@ def check_leak_test(leaks_future) -> str:
     E, models = _attention_models()
     x = randn(2, 7, E, generator=rng(43))
     for name, model, leaks, how_to_catch in models:
-        with torch.no_grad():
-            answer = _as_bool(call(leaks_future, model, x))
+        lengths: list = []
+        answer = _as_bool(call(leaks_future, _watched(model, lengths), x))  # with gradients on: a Jacobian test may use them
         expect(isinstance(answer, bool), f"leaks_future must return True or False; for the {name} it returned "
                f"{type(answer).__name__} {answer!r}")
         if leaks:
             expect(answer, f"for the {name} you returned False, but later tokens do change earlier outputs there: {how_to_catch}.")
+        elif answer and any(0 <= n < x.size(-2) for n in lengths):
+            raise Mismatch(f"for the {name} you returned True, but no later token changes an earlier output there. You ran "
+                           "the model on a shorter input (the first tokens only) and compared its outputs with the first "
+                           "outputs of the full input: a shorter input is computed in another order, and its outputs "
+                           "differ from the full input's by rounding (about 1e-7), even in causal attention. Keep the "
+                           "length: change the later tokens instead, and compare exactly.")
         else:
             expect(not answer, f"for the {name} you returned True, but no later token changes an earlier output there. Outputs at "
                    "and after a changed token may move: compare only the positions before it (change the tokens after t, "
                    "compare the outputs up to t); and change the tokens in x, not the outputs.")
     n_leaky = sum(leaks for _, _, leaks, _ in models)
     return (f"your test tells leaky from causal attention in all {len(models)} models: it catches all {n_leaky} leaky ones, "
-            "including a leak of a millionth, one that never reaches position 0 and one in the second sequence only.")
+            "including a leak of one rounding step, one that never reaches position 0 and one in the second sequence only.")
 
 
 @exercise(
