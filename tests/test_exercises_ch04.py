@@ -685,3 +685,21 @@ def test_masked_attention_wrong_widths_are_named(divisor, text):
         return w @ v, w
     feedback = check_masked_attention(answer)
     assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+def test_leak_test_with_tiny_changes_is_named():
+    def tiny(model, x):
+        base = model(x)
+        for t in range(x.size(1) - 1):
+            changed = x.clone()
+            changed[:, t + 1:] += 1e-3
+            if not torch.equal(model(changed)[:, : t + 1], base[:, : t + 1]):
+                return True
+        return False
+    feedback = check_leak_test(tiny)
+    assert feedback.status == "incorrect" and "changes to the tokens are tiny" in feedback.message, str(feedback)
+
+
+def test_batch_mask_padded_to_the_longest_instead_of_T_is_named():
+    feedback = check_batch_mask(lambda lengths, T: batch_mask(lengths, max(lengths)))
+    assert feedback.status == "incorrect" and "the longest length" in feedback.message, str(feedback)

@@ -259,11 +259,15 @@ def check_masked_attention(masked_attention) -> str:
 def check_batch_mask(batch_mask) -> str:
     # The first case has B == T, where a wrong broadcast runs silently; then B = 1, no padding at all,
     # and a short sequence in a long batch.
-    for lengths, T in (([4, 1, 3, 2], 4), ([5, 2, 4], 5), ([3], 3), ([6, 6], 6), ([1, 7], 7)):
+    # The last case pads beyond the longest sequence (a fixed block size).
+    for lengths, T in (([4, 1, 3, 2], 4), ([5, 2, 4], 5), ([3], 3), ([6, 6], 6), ([1, 7], 7), ([2, 3], 5)):
         B = len(lengths)
         expected = combine_masks(causal_mask(T), padding=padding_mask(lengths, T))  # (B, T, T)
         what = f"batch_mask({lengths}, T={T})"
         got = expect_tensor(call(batch_mask, list(lengths), T), what=what)
+        longest = max(lengths)
+        expect(not (T != longest and tuple(got.shape) == (B, longest, longest)), f"{what}: your mask is "
+               f"{tuple(got.shape)}: you used the longest length, {longest}, but the batch is padded to T = {T}")
         expect(got.dtype == torch.bool, f"{what} must be a bool mask (True = may attend), got dtype {got.dtype}")
         expect(got.dim() == 3, f"{what} must have shape (B, T, T) = {(B, T, T)}, one (T, T) mask per sequence; got {tuple(got.shape)}. "
                "A (B, S) padding mask has to be reshaped to (B, 1, S) before it meets the (T, T) causal mask")
@@ -390,11 +394,14 @@ def _as_bool(answer):
     return answer
 
 
-def _watched(model, lengths: list):
-    """``model``, noting the length of every input it is given (a leak test that runs shorter inputs)."""
-    def run(x):
-        lengths.append(int(x.size(-2)) if isinstance(x, torch.Tensor) and x.dim() >= 2 else -1)
-        return model(x)
+def _watched(model, lengths: list, x: torch.Tensor, changes: list):
+    """``model``, noting the length of every input it is given (a leak test that runs shorter inputs) and, for
+    inputs of ``x``'s shape, how far they are from ``x`` (a leak test whose changes are too small to see)."""
+    def run(inputs):
+        lengths.append(int(inputs.size(-2)) if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else -1)
+        if isinstance(inputs, torch.Tensor) and inputs.shape == x.shape and inputs.is_floating_point():
+            changes.append(float((inputs.detach().cpu().double() - x.double()).abs().max()))
+        return model(inputs)
     return run
 
 
@@ -408,10 +415,15 @@ def check_leak_test(leaks_future) -> str:
     E, models = _attention_models()
     x = randn(2, 7, E, generator=rng(43))
     for name, model, leaks, how_to_catch in models:
-        lengths: list = []
-        answer = _as_bool(call(leaks_future, _watched(model, lengths), x))  # with gradients on: a Jacobian test may use them
+        lengths, changes = [], []
+        answer = _as_bool(call(leaks_future, _watched(model, lengths, x, changes), x))  # gradients on: a Jacobian test may use them
         expect(isinstance(answer, bool), f"leaks_future must return True or False; for the {name} it returned "
                f"{type(answer).__name__} {answer!r}")
+        if leaks and not answer and changes and 0 < max(changes) < 0.05:
+            raise Mismatch(f"for the {name} you returned False, but later tokens do change earlier outputs there. Your "
+                           f"changes to the tokens are tiny (at most {max(changes):.0e}): a leak in proportion to the change "
+                           "then hides below float32's rounding. Change the later tokens for new ones (new random vectors, "
+                           "say), and compare exactly.")
         if leaks:
             expect(answer, f"for the {name} you returned False, but later tokens do change earlier outputs there: {how_to_catch}.")
         elif answer and any(0 <= n < x.size(-2) for n in lengths):
