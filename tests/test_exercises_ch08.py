@@ -79,6 +79,23 @@ def merge(state_a, state_b, rescale_l=True, rescale_acc=True, global_max=False, 
     return m, l, acc
 
 
+def merge_relative_to_b(state_a, state_b):
+    """Wrong (the review's): everything measured against m_b, which overflows exp(m_a - m_b) when m_a is far above."""
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state_a, state_b
+    reference = torch.where(torch.isfinite(m_b), m_b, torch.zeros_like(m_b))
+    scale_a = torch.exp(m_a - reference)
+    return m_b, l_a * scale_a + l_b, acc_a * scale_a[:, None] + acc_b
+
+
+def merge_inverted(state_a, state_b):
+    """Wrong: the factors exp(m - m_part), 1 or more, which overflow when the maxima lie 1000 apart."""
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    reference = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    scale_a, scale_b = torch.exp(reference - m_a), torch.exp(reference - m_b)
+    return m, l_a * scale_a + l_b * scale_b, acc_a * scale_a[:, None] + acc_b * scale_b[:, None]
+
+
 def merge_by_logsumexp(state_a, state_b):  # another right answer: keep (log-sum-exp, normalised output) per part
     def parts(state):
         m, l, acc = state
@@ -89,9 +106,10 @@ def merge_by_logsumexp(state_a, state_b):  # another right answer: keep (log-sum
     lse = torch.logaddexp(lse_a, lse_b)  # (R,)
     safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     w_a, w_b = torch.exp(lse_a - safe), torch.exp(lse_b - safe)  # shares of the softmax mass
-    out = w_a[:, None] * out_a + w_b[:, None] * out_b
-    l = torch.isfinite(lse).to(lse.dtype)  # reference m = lse, so l = 1 (0 where nothing was seen)
-    return safe, l, out * l[:, None]
+    out = w_a[:, None] * out_a + w_b[:, None] * out_b  # (R, Dv): the normalised output
+    m = torch.maximum(state_a[0], state_b[0])  # the state's maximum ...
+    l = torch.where(torch.isfinite(lse), torch.exp(lse - torch.where(torch.isfinite(m), m, lse)), torch.zeros_like(lse))
+    return m, l, out * l[:, None]  # ... its sum exp(lse - m), and acc = output * l
 
 
 def kv_cache_bytes(num_layers, num_heads, head_dim, seq_len, batch_size, bytes_per_number):
@@ -185,7 +203,68 @@ def causal_tile_by_ceil(query_tile, keys, values, first_query, block_size):
     return state[2] / state[1][:, None], torch.tensor(count)
 
 
+def tile_loop_variant(q, k, v, first, block_size, kind):
+    """The loop with one of its rescalings wrong ("m first": m updated before exp(m - m_new), which is then 1)."""
+    Lb, D = q.shape
+    m = torch.full((Lb, 1), float("-inf"), dtype=q.dtype)
+    l, acc = torch.zeros(Lb, 1, dtype=q.dtype), torch.zeros(Lb, v.size(1), dtype=q.dtype)
+    tiles = 0
+    for start in range(0, k.size(0), block_size):
+        if start > first + Lb - 1:
+            break
+        tiles += 1
+        s = q @ k[start:start + block_size].T / math.sqrt(D)
+        s = s.masked_fill(start + torch.arange(s.size(1))[None, :] > first + torch.arange(Lb)[:, None], float("-inf"))
+        new = torch.maximum(m, s.amax(1, keepdim=True))
+        p = torch.exp(s - new)
+        if kind == "m first":
+            m = new
+        correction = torch.exp(m - new)
+        l = (l if kind == "sum not rescaled" else l * correction) + p.sum(1, keepdim=True)
+        acc = (acc if kind == "acc not rescaled" else acc * correction) + p @ v[start:start + block_size]
+        m = new
+    return acc / l, tiles
+
+
+def causal_tile_no_loop(query_tile, keys, values, first_query, block_size, needed_keys_only=False):
+    """Wrong: every score at once (of all keys, or of the keys in the tiles it needs), the tile count by formula."""
+    Lb, D = query_tile.shape
+    tiles = min(math.ceil((first_query + Lb) / block_size), math.ceil(keys.size(0) / block_size))
+    S = tiles * block_size if needed_keys_only else keys.size(0)
+    scores = query_tile @ keys[:S].T / math.sqrt(D)  # (Lb, S)
+    blocked = torch.arange(scores.size(1))[None, :] > first_query + torch.arange(Lb)[:, None]
+    p = torch.exp(scores.masked_fill(blocked, float("-inf")) - scores.masked_fill(blocked, float("-inf")).amax(1, keepdim=True))
+    return (p @ values[:S]) / p.sum(1, keepdim=True), tiles
+
+
+def causal_tile_reads_every_tile(query_tile, keys, values, first_query, block_size):
+    """Wrong: the loop visits every tile (the masked ones give weights of 0) but reports only the needed ones."""
+    output, _ = causal_tile(query_tile, keys, values, first_query, block_size, skip=False)
+    return output, min(math.ceil((first_query + query_tile.size(0)) / block_size), math.ceil(keys.size(0) / block_size))
+
+
+def causal_tile_elementwise(query_tile, keys, values, first_query, block_size):
+    """Another right answer: the loop with products written as broadcast multiplications and sums (no matmul)."""
+    Lb, D = query_tile.shape
+    m = torch.full((Lb,), float("-inf"), dtype=query_tile.dtype)
+    l = torch.zeros(Lb, dtype=query_tile.dtype)
+    acc = torch.zeros(Lb, values.size(1), dtype=query_tile.dtype)
+    tiles = 0
+    for start in range(0, first_query + Lb, block_size):
+        if start >= keys.size(0):
+            break
+        tiles += 1
+        k, v = keys[start:start + block_size], values[start:start + block_size]
+        s = (query_tile[:, None, :] * k[None, :, :]).sum(-1) / math.sqrt(D)  # (Lb, Sb)
+        s = s.masked_fill(start + torch.arange(k.size(0))[None, :] > first_query + torch.arange(Lb)[:, None], float("-inf"))
+        new = torch.maximum(m, s.amax(1))
+        p, c = torch.exp(s - new[:, None]), torch.exp(m - new)
+        l, acc, m = l * c + p.sum(1), acc * c[:, None] + (p[:, :, None] * v[None]).sum(1), new
+    return acc / l[:, None], tiles
+
+
 def test_other_right_answers_pass_for_exercises_1_and_2():
+    assert check_causal_tile_attention(causal_tile_elementwise), str(check_causal_tile_attention(causal_tile_elementwise))
     assert check_online_softmax_update(update_logsumexp), str(check_online_softmax_update(update_logsumexp))
     assert check_causal_tile_attention(causal_tile_by_ceil), str(check_causal_tile_attention(causal_tile_by_ceil))
 
@@ -228,6 +307,17 @@ def test_the_question_is_part_of_exercise_3():
         (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, stable=False), "overflows float32"),
         (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n)[0], "return a pair"),
         (check_causal_tile_attention, lambda q, k, v, f, n: (causal_tile(q, k, v, f, n)[0], 1.0 * causal_tile(q, k, v, f, n)[1]), "integer"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: tile_loop_variant(q, k, v, f, n, "acc not rescaled"),
+         "but not the accumulator acc"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: tile_loop_variant(q, k, v, f, n, "sum not rescaled"),
+         "but not the running sum l"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: tile_loop_variant(q, k, v, f, n, "m first"),
+         "neither l nor acc is rescaled"),
+        # the review's accepted answers: no loop, all keys at once; and the loop over every tile, counted right
+        (check_causal_tile_attention, causal_tile_no_loop, "must not be read at all"),
+        (check_causal_tile_attention, causal_tile_reads_every_tile, "must not be read at all"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile_no_loop(q, k, v, f, n, needed_keys_only=True),
+         "all at once"),
         (check_causal_tile_attention, lambda q, k, v, f, n: (torch.nn.functional.scaled_dot_product_attention(
             q[None], k[None], v[None], is_causal=True)[0], 1), "you called"),
         # exercise 2: no rescaling, l only, the mean of the outputs, a global maximum, NaN for empty rows
@@ -238,7 +328,16 @@ def test_the_question_is_part_of_exercise_3():
         (check_merge_states, lambda a, b: merge(a, b, global_max=True), "global"),
         (check_merge_states, lambda a, b: merge(a, b, guard=False), "exp(-inf - (-inf))"),
         (check_merge_states, lambda a, b: merge(a, b)[:2], "return a triple"),
-        (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l, acc.T))(*merge(a, b)), "expected shape (5, 3)"),
+        # the review's accepted answers: m not the maximum (relative to m_b), m = 0 or NaN for a row that saw nothing
+        (check_merge_states, merge_relative_to_b, "the larger of the two maxima"),
+        (check_merge_states, merge_inverted, "must be at most 1"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (torch.where(torch.isfinite(m), m, torch.zeros_like(m)), l, acc))(
+            *merge(a, b)), "must stay -inf"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (torch.where(torch.isfinite(m), m, torch.full_like(m, math.nan)),
+                                                              l, acc))(*merge(a, b)), "must stay -inf"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (m + torch.log(l), torch.ones_like(l), acc / l[:, None]))(
+            *merge(a, b)), "the larger of the two maxima"),  # the log-sum-exp returned as m (and -inf, NaN rows)
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l, acc.T))(*merge(a, b)), "expected shape (7, 3)"),
         (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l + 1e-3, acc))(*merge(a, b)), "values differ"),
         # exercise 3: half (keys only), one layer, one sequence, numbers not bytes, and the question
         (check_kv_cache_bytes, lambda *a: kv_cache_bytes(*a) // 2, "keys *and* values"),

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 import torch
-
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from ..masks import causal_mask
 from . import (Mismatch, attempted, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor,
@@ -123,6 +123,36 @@ def _causal_rows(query_tile, keys, values, first_query: int, block_size: int = 1
     return torch.nan_to_num(torch.softmax(scores, dim=-1)) @ values.double()  # (Lb, Dv)
 
 
+def _tile_loop(query_tile, keys, values, first_query: int, block_size: int, *, rescale_sum: bool = True,
+               rescale_acc: bool = True):
+    """Section 4's loop with the causal mask and skip, in float64, or one whose rescaling is wrong."""
+    q, k, v = query_tile.double(), keys.double(), values.double()
+    Lb, D = q.shape
+    m = torch.full((Lb, 1), float("-inf"), dtype=torch.float64)
+    l, acc = torch.zeros(Lb, 1, dtype=torch.float64), torch.zeros(Lb, v.size(1), dtype=torch.float64)
+    positions = first_query + torch.arange(Lb)[:, None]  # (Lb, 1)
+    for start in range(0, min(keys.size(0), first_query + Lb), block_size):
+        scores = q @ k[start:start + block_size].T / math.sqrt(D)  # (Lb, Sb)
+        scores = scores.masked_fill(start + torch.arange(scores.size(1))[None, :] > positions, float("-inf"))
+        new = torch.maximum(m, scores.amax(dim=1, keepdim=True))
+        p, correction = torch.exp(scores - new), torch.exp(m - new)
+        l = (l * correction if rescale_sum else l) + p.sum(dim=1, keepdim=True)
+        acc = (acc * correction if rescale_acc else acc) + p @ v[start:start + block_size]
+        m = new
+    return acc / l
+
+
+_LOOP_MISTAKES = (
+    ({"rescale_acc": False}, "you rescale the running sum l by exp(m - m_new) but not the accumulator acc: when a tile "
+                             "raises the maximum, both were counted relative to the old maximum and both need the factor"),
+    ({"rescale_sum": False}, "you rescale the accumulator acc by exp(m - m_new) but not the running sum l: when a tile "
+                             "raises the maximum, both were counted relative to the old maximum and both need the factor"),
+    ({"rescale_sum": False, "rescale_acc": False}, "neither l nor acc is rescaled when a tile raises the maximum (did you "
+                                                   "update m before computing exp(m - m_new), which is then 1?): both "
+                                                   "were counted relative to the old maximum"),
+)
+
+
 _TILE_MISTAKES = (
     ({"mask": "none"}, "every query sees every key: keys after a query's own position must be hidden (score -inf) "
                        "in the tiles that straddle it"),
@@ -135,6 +165,30 @@ _TILE_MISTAKES = (
     ({"scale": False}, "the scores are not divided by sqrt(D)"),
     ({"normalise": False}, "your output is not divided by the running sum at the end"),
 )
+
+
+_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "einsum", "tensordot", "inner", "linear", "addmm",
+             "baddbmm", "mv", "dot", "vdot", "chain_matmul"}
+
+
+class _CountProducts(TorchFunctionMode):
+    """Counts the matrix products that torch functions compute while it is in force (any route, by name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "").rstrip("_") in _PRODUCTS or getattr(func, "__name__", "") in _PRODUCTS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _unwritten_after(tensor: torch.Tensor, start: int) -> torch.Tensor:
+    """A copy of ``tensor`` whose rows from ``start`` on are NaN, as memory that no one wrote would be."""
+    poisoned = tensor.clone()
+    poisoned[start:] = float("nan")
+    return poisoned
 
 
 @exercise(
@@ -177,6 +231,10 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                               "exp(-inf - (-inf)) is NaN; read the tiles in order, so that key 0, which every query "
                               "sees, comes first"))
         if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
+            for options, message in _LOOP_MISTAKES:
+                variant = _tile_loop(query_tile, keys, values, first_query, block_size, **options)
+                if torch.allclose(got, variant, atol=1e-5, rtol=1e-4) and not torch.allclose(variant, expected, atol=1e-5):
+                    raise Mismatch(f"{what}: {message}")
             for options, message in _TILE_MISTAKES:
                 variant = _causal_rows(query_tile, keys, values, first_query, block_size, **options)
                 if torch.allclose(got, variant, atol=1e-5, rtol=1e-4) and not torch.allclose(variant, expected, atol=1e-5):
@@ -188,6 +246,24 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                            f"(position {first_query + Lb - 1}) are all blocked: skip them, and read only {needed}")
         expect(tiles_read == needed, f"{what}: tiles_read = {tiles_read}; the queries up to position "
                f"{first_query + Lb - 1} need the key tiles that start at or before it: {needed}")
+        # The same queries again, with every key and value of the tiles that must not be read set to NaN
+        # (unwritten memory, as the future of a sequence still being generated is): an answer that touches
+        # them, even with a weight of 0 (0 x NaN = NaN), returns NaN. Meanwhile, count its matrix products.
+        unread = needed * block_size
+        poisoned = (_unwritten_after(keys, unread), _unwritten_after(values, unread)) if unread < S else (keys, values)
+        with _CountProducts() as products:
+            again = call(causal_tile_attention, query_tile, *poisoned, first_query, block_size)
+        again = expect_tensor(again[0] if isinstance(again, (tuple, list)) else again,
+                              what=f"{what}: output", shape=(Lb, Dv), dtype="float")
+        if unread < S and torch.isnan(again.detach()).any():
+            raise Mismatch(f"{what}: your answer read the keys or values from position {unread} on (here they were NaN, "
+                           "as memory not yet written would be, and your output became NaN): the tiles that start "
+                           "after the last query's position must not be read at all, not even multiplied by a weight "
+                           "of 0. Stop the loop at the first of them.")
+        if 0 < products.count < needed:
+            raise Mismatch(f"{what}: your answer computed the scores of the {needed} key tiles it needs with "
+                           f"{products.count} matrix product(s), so all at once rather than one tile after another. "
+                           "The loop is the exercise: read one tile of keys at a time and fold it into m, l and acc.")
     return ("your loop gives causal attention exactly, reads only the key tiles a query can see, and stays finite on "
             "float32 scores near 100: FlashAttention's inner loop, with its causal tile skipping.")
 
@@ -219,30 +295,31 @@ def _triple(result, what: str):
 )
 def check_merge_states(merge) -> str:
     generator = torch.Generator().manual_seed(12)
-    R, S, Dv = 5, 12, 3
+    R, S, Dv = 7, 12, 3
     scores = torch.randn(R, S, generator=generator, dtype=torch.float64) * 3  # (R, S): one row per query
     scores[1, 9] = 14.0  # row 1's largest score is in the second part
     scores[2] -= 1000.0  # row 2 lives far below the others: a maximum over all rows underflows it
     scores[3, :7] = float("-inf")  # row 3 sees nothing in the first part (masked), only in the second
     scores[4] = float("-inf")  # row 4 sees nothing at all
+    scores[5, 7:] -= 1000.0  # rows 5 and 6: the parts' maxima lie about 1000 apart, beyond exp's range (709 in
+    scores[6, :7] -= 1000.0  # float64), so exp(m_part - m) overflows unless m is the larger maximum
     values = torch.randn(S, Dv, generator=generator, dtype=torch.float64)  # (S, Dv)
-    live = torch.tensor([True, True, True, True, False])  # rows with at least one key
-    exact = torch.softmax(scores[:4], dim=-1) @ values  # (4, Dv): attention over all S keys
-    lse = torch.logsumexp(scores[:4], dim=-1)  # (4,): what m + log(l) must be
+    live = torch.ones(R, dtype=torch.bool)
+    live[4] = False  # rows with at least one key
+    exact = torch.softmax(scores[live], dim=-1) @ values  # (6, Dv): attention over all S keys
+    lse = torch.logsumexp(scores[live], dim=-1)  # (6,): what m + log(l) must be
     for split in (7, 3, 0):
         a, b = _state(scores[:, :split], values[:split]), _state(scores[:, split:], values[split:])
         what = f"merge(state_a, state_b) with keys 0..{split - 1} in state_a and {split}..{S - 1} in state_b"
-        got = _triple(call(merge, a, b), what)
-        m = expect_tensor(got[0], what=f"{what}: m", shape=(R,)).detach().double()
-        l = expect_tensor(got[1], what=f"{what}: l", shape=(R,)).detach().double()
-        acc = expect_tensor(got[2], what=f"{what}: acc", shape=(R, Dv)).detach().double()
-        output = acc[live] / l[live, None]  # (4, Dv)
+        m, l, acc = _merged(merge, a, b, what, R, Dv)
+        output = acc[live] / l[live, None]  # (6, Dv)
         if bool(torch.isnan(output[2]).any() | (l[2] == 0)) and not bool(torch.isnan(output[:2]).any()):
             raise Mismatch(f"{what}: row 2, whose scores are all near -1000, lost its whole sum (l = 0 or NaN). "
                            "Did you take one maximum over all rows (global) instead of one per row? Each query "
                            "keeps its own m: the larger of m_a and m_b, query by query.")
+        _expect_the_maximum(m, torch.maximum(a[0], b[0]), what)
         if split > 0:
-            plain = (a[2] + b[2])[:4] / (a[1] + b[1])[:4, None]
+            plain = (a[2] + b[2])[live] / (a[1] + b[1])[live, None]
             if torch.allclose(output, plain, atol=1e-6) and not torch.allclose(plain, exact, atol=1e-6):
                 raise Mismatch(f"{what}: you added the two sums and accumulators as they are; each is relative to its "
                                "own maximum, so rescale each by exp(its maximum - the merged maximum) first.")
@@ -256,19 +333,66 @@ def check_merge_states(merge) -> str:
             if torch.allclose(output[:3], only_l, atol=1e-6) and not torch.allclose(only_l, exact[:3], atol=1e-6):
                 raise Mismatch(f"{what}: you rescaled the sums l but not the accumulators acc; both must be multiplied "
                                "by exp(m_part - m).")
-        if not bool(torch.isfinite(l).all() and torch.isfinite(acc).all()):
-            raise Mismatch(f"{what}: your l or acc holds NaN or inf in row(s) "
-                           f"{(~(torch.isfinite(l) & torch.isfinite(acc).all(-1))).nonzero().flatten().tolist()}. "
-                           "Where both maxima are -inf (a query that has seen no key), exp(-inf - (-inf)) is NaN: use 0 "
-                           "in place of an infinite maximum in the exponent, and keep l = 0, acc = 0 for such a row.")
-        expect_close(output, exact, what=f"{what}: the output acc / l of the rows that see a key")
-        expect_close(m[live] + torch.log(l[live]), lse,
-                     what=f"{what}: m + log(l), which must be the log of the whole softmax denominator")
-        expect(bool((l[4] == 0) and (acc[4] == 0).all()),
-               f"{what}: row 4 has seen no key on either side; its merged state must keep l = 0 and acc = 0, got "
-               f"l = {float(l[4]):g}")
-    return ("two partial states merge exactly: attention over a long cache can be split among workers and "
-            "combined at the end (the idea of Flash-Decoding), and FlashAttention's loop is this merge, one block at a time.")
+        _expect_exact(m, l, acc, live, exact, lse, what)
+    # Flash-Decoding merges several parts: the merged state must merge again, in either order.
+    first, middle, last = (_state(scores[:, start:end], values[start:end]) for start, end in ((0, 3), (3, 7), (7, S)))
+    merged_ab = _merged(merge, first, middle, "merge(state_a, state_b) with keys 0..2 in state_a and 3..6 in state_b", R, Dv)
+    merged_bc = _merged(merge, middle, last, f"merge(state_b, state_c) with keys 3..6 in state_b and 7..{S - 1} in state_c",
+                        R, Dv)
+    for what, x, y in ((f"merge(merge(state_a, state_b), state_c) with keys 0..2, 3..6 and 7..{S - 1}", merged_ab, last),
+                       (f"merge(state_a, merge(state_b, state_c)) with keys 0..2, 3..6 and 7..{S - 1}", first, merged_bc)):
+        m, l, acc = _merged(merge, x, y, what, R, Dv)
+        _expect_the_maximum(m, scores.amax(dim=-1), what)
+        _expect_exact(m, l, acc, live, exact, lse, what)
+    return ("two partial states merge exactly, and merge again: attention over a long cache can be split among workers "
+            "and combined at the end (the idea of Flash-Decoding), and FlashAttention's loop is this merge, one block at a "
+            "time.")
+
+
+def _merged(merge, a, b, what: str, R: int, Dv: int):
+    """The student's merge of states a and b, as float64 (m, l, acc) of the expected shapes."""
+    got = _triple(call(merge, a, b), what)
+    m = expect_tensor(got[0], what=f"{what}: m", shape=(R,)).detach().double()
+    l = expect_tensor(got[1], what=f"{what}: l", shape=(R,)).detach().double()
+    acc = expect_tensor(got[2], what=f"{what}: acc", shape=(R, Dv)).detach().double()
+    return m, l, acc
+
+
+def _expect_the_maximum(m: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """m must be the merged maximum: -inf for a query that saw nothing, the larger part's maximum otherwise."""
+    empty = torch.isneginf(expected)
+    if bool((empty & ~torch.isneginf(m)).any()):
+        row = int((empty & ~torch.isneginf(m)).nonzero()[0])
+        raise Mismatch(f"{what}: row {row} has seen no key in either state, so its merged m must stay -inf (nothing seen "
+                       f"is the state (-inf, 0, 0)); got m = {float(m[row]):g}. With 0 or NaN there, merging this state "
+                       "again goes wrong: a later part's scores near -1000 would be measured against 0, and exp "
+                       "underflows them all.")
+    far = ~empty & ~torch.isclose(m, expected, rtol=1e-4, atol=1e-5)  # float32's tolerance: a float32 m passes
+    if bool(far.any()):
+        row = int(far.nonzero()[0])
+        raise Mismatch(f"{what}: m must be the larger of the two maxima, query by query; row {row} got m = "
+                       f"{float(m[row]):g}, its maximum is {float(expected[row]):g}. Measured against anything smaller "
+                       "than the maximum, exp(m_part - m) overflows when the parts' maxima lie far apart (rows 5 and 6 "
+                       "here: about 1000 apart).")
+
+
+def _expect_exact(m, l, acc, live, exact, lse, what: str) -> None:
+    broken = ~(torch.isfinite(l) & torch.isfinite(acc).all(-1))  # (R,)
+    if bool((broken & live).any()):
+        raise Mismatch(f"{what}: your l or acc holds NaN or inf in row(s) {(broken & live).nonzero().flatten().tolist()}, "
+                       "which have seen keys. Each part's factor exp(m_part - m) must be at most 1, with m the larger "
+                       "of the two maxima: exp(m - m_part), or a reference below the maximum, overflows when the "
+                       "parts' maxima lie far apart (rows 5 and 6: about 1000 apart).")
+    if bool(broken.any()):
+        raise Mismatch(f"{what}: your l or acc holds NaN or inf in row(s) {broken.nonzero().flatten().tolist()}. "
+                       "Where both maxima are -inf (a query that has seen no key), exp(-inf - (-inf)) is NaN: use 0 "
+                       "in place of an infinite maximum in the exponent, and keep l = 0, acc = 0 for such a row.")
+    expect_close(acc[live] / l[live, None], exact, what=f"{what}: the output acc / l of the rows that see a key")
+    expect_close(m[live] + torch.log(l[live]), lse,
+                 what=f"{what}: m + log(l), which must be the log of the whole softmax denominator")
+    expect(bool((l[4] == 0) and (acc[4] == 0).all()),
+           f"{what}: row 4 has seen no key on either side; its merged state must keep l = 0 and acc = 0, got "
+           f"l = {float(l[4]):g}")
 
 
 @exercise(
