@@ -212,6 +212,31 @@ def test_the_tool_writes_rows_from_the_headers_and_keeps_what_it_teaches(tmp_pat
     assert "| sums \\| products | 45 min; runs in about 35 s on a 2-core CPU |" in rewritten
 
 
+def test_the_tool_writes_the_times_on_the_pages_and_keeps_the_rest(tmp_path):
+    root = _repo(tmp_path)
+    (root / "intro.md").write_text("| Chapter | What you build | Reading + exercises | Runs in (CPU) |\n|---|---|---|---|\n"
+                                   "| [02 Simple things](chapters/02_simple.ipynb) | sums \\| products | 30 min | about 2 min |\n")
+    (root / "instructor.md").write_text(
+        "| Chapter | What it teaches | Needs | Student time | Runs in (CPU) |\n|---|---|---|---|---|\n"
+        "| 02 · Simple things | sums | nothing | about 30 min | about 2 min |\n\n## Chapter by chapter\n\n"
+        "### 02 · Simple things\n\n- Teaches: sums.\n- Time: about 30 minutes; the notebook runs in\n"
+        "  about 2 min on a laptop.\n- Exercises:\n  - Exercise 1: sums, check `check_sum`\n\n## Handing out\n")
+    pages = readme_table.updated_pages(root)
+    intro, instructor = pages["intro.md"][1], pages["instructor.md"][1]
+    assert "| [02 Simple things](chapters/02_simple.ipynb) | sums \\| products | 45 min | about 20 s on a 2-core CPU |" in intro
+    assert "| 02 · Simple things | sums | nothing | about 45 min | about 20 s on a 2-core CPU |" in instructor
+    assert ("- Time: About 45 minutes to read and do the exercises; the notebook runs top to bottom in about 20 s "
+            "on a 2-core CPU.\n- Exercises:\n  - Exercise 1: sums, check `check_sum`\n") in instructor
+    assert "about 2 min" not in instructor and "## Handing out" in instructor
+    (root / "README.md").write_text(readme_table.updated_readme((root / "README.md").read_text(), root)
+                                    .replace(readme_table.NO_TEACHES, "sums"))
+    stale = readme_table.problems(root)
+    assert len(stale) == 2 and all("make readme" in problem for problem in stale)
+    for name, (_, text) in pages.items():
+        (root / name).write_text(text)
+    assert readme_table.problems(root) == []
+
+
 def test_the_tool_reads_the_site_address_from_the_config_where_it_is_set(tmp_path):
     root = _repo(tmp_path, baseurl="https://course.example.org/attention")
     assert readme_table.site_url(root) == "https://course.example.org/attention/"

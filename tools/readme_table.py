@@ -13,9 +13,14 @@ written"), from the notebook's header once it does. Delete a chapter's entry onc
 The website's address is ``html.baseurl`` in ``_config.yml`` where it is set, otherwise GitHub Pages
 for ``repository.url`` (``https://github.com/OWNER/REPO`` is served at ``https://OWNER.github.io/REPO/``).
 
+The same times appear on two pages of the book, and the tool writes them there too: the columns of
+study and run time of the chapter tables in ``intro.md`` and ``instructor.md`` (the other columns are
+written by hand), and each chapter block's ``- Time:`` line on ``instructor.md`` (the header's Time
+paragraph itself). A page the repository lacks is skipped.
+
 Usage:
-    python3 tools/readme_table.py            rewrite the table in README.md (make readme)
-    python3 tools/readme_table.py --check    exit 1, showing the difference, unless README.md's table is current
+    python3 tools/readme_table.py            rewrite the table in README.md and the times on the pages (make readme)
+    python3 tools/readme_table.py --check    exit 1, showing the difference, unless all of them are current
     python3 tools/readme_table.py --print    print the table
 
 Plain Python 3.9+, no packages: it reads the notebooks as JSON and the YAML files with regular expressions.
@@ -52,19 +57,9 @@ class Announced:
     time: str
 
 
-# Chapters announced in issue 17, until _toc.yml lists them (once a notebook exists, its header is the source).
-ANNOUNCED: dict[str, Announced] = {
-    "11_latent_attention": Announced(
-        title="Latent attention (DeepSeek's MLA)",
-        teaches="caching one small latent per token instead of every head's keys and values; the decoupled rotary "
-                "key; the absorbed form used for decoding; the caches of published models",
-        time="planned: runs in about a minute on a 2-core CPU"),
-    "12_linear_attention": Announced(
-        title="Linear attention and the delta rule",
-        teaches="dropping the softmax to turn attention into a recurrent network with a fixed-size state; what "
-                "that loses on associative recall; the delta rule, its gate and the chunked form",
-        time="planned: runs in about a minute on a 2-core CPU"),
-}
+# Chapters announced but not written yet, until _toc.yml lists them (once a notebook exists, its header is the source).
+# Example: "13_x": Announced(title=..., teaches=..., time="planned: runs in about a minute on a 2-core CPU").
+ANNOUNCED: dict[str, Announced] = {}
 
 
 @dataclass(frozen=True)
@@ -274,6 +269,81 @@ def updated_readme(readme_text: str, root: pathlib.Path = ROOT) -> str:
     return readme_text[:block[0]] + "\n" + table + "\n" + readme_text[block[1]:]
 
 
+# ---------------------------------------------------------------------------------------------------
+# The times on the book's pages
+
+def _split_time(summary: str) -> tuple[str, str]:
+    """('75 min', 'about 85 s on a 2-core CPU') from '75 min; runs in about 85 s on a 2-core CPU'."""
+    study, _, run = summary.partition("; runs in ")
+    return study, run
+
+
+def chapter_times(root: pathlib.Path = ROOT) -> dict[str, tuple[str, str, str]]:
+    """Chapter number -> (study time, run time, the header's Time paragraph without its label)."""
+    times = {}
+    for stem in toc_chapters(root):
+        path = root / "chapters" / f"{stem}.ipynb"
+        if not path.exists():
+            continue
+        paragraph = time_paragraph(header(path), stem)
+        study, run = _split_time(time_summary(paragraph, stem))
+        times[stem[:2]] = (study, run, re.sub(r"^\*\*Time\.?\*\*\s*", "", paragraph))
+    return times
+
+
+def _set_cells(line: str, values: dict[int, str]) -> str:
+    cells = _cells(line)
+    for index, value in values.items():
+        cells[index] = value
+    return "| " + " | ".join(cells) + " |"
+
+
+def updated_intro(text: str, times: dict[str, tuple[str, str, str]]) -> str:
+    """intro.md: the 'Reading + exercises' and 'Runs in' cells of the rows '| [NN Title](chapters/...) |'."""
+    def row(match: re.Match) -> str:
+        number = match.group(1)
+        if number not in times:
+            return match.group(0)
+        study, run, _ = times[number]
+        return _set_cells(match.group(0), {2: study, 3: run})
+    return re.sub(r"^\| \[(\d\d) [^\n]*\|$", row, text, flags=re.MULTILINE)
+
+
+def updated_instructor(text: str, times: dict[str, tuple[str, str, str]]) -> str:
+    """instructor.md: the glance table's 'Student time' and 'Runs in' cells, and each block's '- Time:' line."""
+    def row(match: re.Match) -> str:
+        number = match.group(1)
+        if number not in times:
+            return match.group(0)
+        study, run, _ = times[number]
+        return _set_cells(match.group(0), {3: "about " + study, 4: run})
+    text = re.sub(r"^\| (\d\d) · [^\n]*\|$", row, text, flags=re.MULTILINE)
+
+    def block(match: re.Match) -> str:
+        number = match.group(1)
+        if number not in times:
+            return match.group(0)
+        # the item and its continuation lines (indented, not a sub-item)
+        return re.sub(r"^- Time: .*(?:\n  (?!\s*- ).*)*", lambda _: "- Time: " + times[number][2], match.group(0),
+                      count=1, flags=re.MULTILINE)
+    return re.sub(r"^### (\d\d) ·.*?(?=^### |^## |\Z)", block, text, flags=re.MULTILINE | re.DOTALL)
+
+
+PAGES = {"intro.md": updated_intro, "instructor.md": updated_instructor}
+
+
+def updated_pages(root: pathlib.Path = ROOT) -> dict[str, tuple[str, str]]:
+    """Page name -> (its text, its text with the chapters' times), for the pages the repository has."""
+    times = chapter_times(root)
+    result = {}
+    for name, update in PAGES.items():
+        path = root / name
+        if path.exists():
+            text = path.read_text(encoding="utf-8")
+            result[name] = (text, update(text, times))
+    return result
+
+
 def problems(root: pathlib.Path = ROOT) -> list[str]:
     """What --check reports: a table that is not current, or a chapter without its line of what it teaches."""
     readme_text = (root / "README.md").read_text(encoding="utf-8")
@@ -284,6 +354,12 @@ def problems(root: pathlib.Path = ROOT) -> list[str]:
                                     lineterm="", n=0)
         found.append("README.md's chapter table is not what the chapters say; run `make readme` "
                      "(python3 tools/readme_table.py) and commit README.md:\n" + "\n".join(diff))
+    for name, (text, new_text) in updated_pages(root).items():
+        if new_text != text:
+            diff = difflib.unified_diff(text.splitlines(), new_text.splitlines(), name, f"{name} (from the chapters)",
+                                        lineterm="", n=0)
+            found.append(f"{name}: the chapters' times are not what their headers say; run `make readme` "
+                         f"(python3 tools/readme_table.py) and commit {name}:\n" + "\n".join(diff))
     missing = [row.number for row in chapter_rows(root, expected) if row.teaches == NO_TEACHES]
     if missing:
         found.append(f"write what chapter(s) {', '.join(missing)} teach(es) in README.md's table (the cell that says "
@@ -313,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
             print("README.md: chapter table rewritten from the chapters")
         else:
             print("README.md: chapter table already current")
+        for name, (text, page_text) in updated_pages().items():
+            if page_text != text:
+                (ROOT / name).write_text(page_text, encoding="utf-8")
+                print(f"{name}: the chapters' times rewritten from their headers")
         rows = chapter_rows()
         for row in rows:
             if row.teaches == NO_TEACHES:
