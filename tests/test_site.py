@@ -570,7 +570,7 @@ def test_translator_panel_in_the_browser(page_name, browser_context, server, net
               f"{report['ms_per_sentence_mean']:.1f} ms per sentence (median {report['ms_per_sentence_median']:.1f}, "
               f"goal < 50 ms; load average {report['load_average'][0]:.1f}); "
               f"{report['bytes_downloaded'] / 1e6:.1f} MB downloaded by the panel", flush=True)
-        # Generous bound: the CPU is shared in CI; the README records the measured time.
+        # Generous bound: the CPU is shared in CI; CONTRIBUTING.md records the measured time.
         assert report["ms_per_sentence_median"] < 500, report
     finally:
         page.close()

@@ -16,7 +16,7 @@ or ``nbval-skip``) exactly as nbval compares them: with nbval's own functions fo
 differs prints something that depends on the machine (the digits of a trained model's score, which
 sentences it gets wrong, a timing): the next machine, and CI, would fail on it. The script lists
 those cells and exits with status 1; the executed notebook is written either way. Make such a cell
-print what holds on every machine (see "Writing a chapter" in README.md).
+print what holds on every machine (see "Outputs that hold on every machine" in CONTRIBUTING.md).
 
 Usage: python tools/execute.py [--no-check] chapters/02_simple_self_attention.ipynb [...]
 """
