@@ -30,6 +30,7 @@ except ModuleNotFoundError:  # Python 3.9 and 3.10: the TOML parser pip carries
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import readme_table  # noqa: E402
 import sync_setup_cells  # noqa: E402  (tools/sync_setup_cells.py)
 
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -78,13 +79,17 @@ def test_first_cell_installs_the_release_it_was_written_for(path):
 def _release_sandbox(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict]:
     """A small git repository with the release machinery and two chapters' first cells."""
     root = tmp_path / "repo"
-    for relative in ("tools/release.py", "tools/sync_setup_cells.py", "attn_course/__init__.py", "_config.yml",
-                     "CITATION.cff", "pyproject.toml"):
+    for relative in ("tools/release.py", "tools/sync_setup_cells.py", "tools/readme_table.py", "attn_course/__init__.py",
+                     "_config.yml", "CITATION.cff", "pyproject.toml"):
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / relative, root / relative)
     (root / "chapters").mkdir()
+    (root / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: chapters/01_a\n  - file: chapters/02_b\n")
+    (root / "README.md").write_text(f"# A course\n\n{readme_table.BEGIN}\n{readme_table.END}\n")
     for name in ("01_a.ipynb", "02_b.ipynb"):
-        nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# A chapter"]},
+        header = (f"# {name[:2]} · A chapter\n\n**Time.** About 30 minutes to read and do the exercises; the notebook "
+                  "runs top to bottom in about 20 s on a 2-core CPU.\n")
+        nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": [header]},
                         {"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": [],
                          "source": [f"{sync_setup_cells.MARKER} (an old template)\n", "import attn_course as ac"]}],
               "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
@@ -122,6 +127,8 @@ def test_release_bumps_syncs_commits_and_tags(tmp_path):
     assert str(citation["version"]) == "9.8.7" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(citation["date-released"]))
     for chapter in (root / "chapters").glob("*.ipynb"):
         assert 'WRITTEN_FOR = "9.8.7"' in _first_cell(chapter), chapter.name
+    readme = (root / "README.md").read_text()
+    assert readme.count("/blob/v9.8.7/chapters/") == 2, "README.md's Colab links do not open the notebooks at the new tag"
     assert git("log", "-1", "--format=%s") == "Release v9.8.7"
     assert git("status", "--porcelain") == "", "the release left files uncommitted"
     assert git("rev-parse", "v9.8.7^{commit}") == git("rev-parse", "HEAD"), "the tag is not on the release commit"

@@ -7,7 +7,8 @@ it (setuptools' dynamic version), every chapter's first cell installs ``git+<rep
 1. checks VERSION (X.Y.Z), that the tag vX.Y.Z does not exist yet, and that no tracked file has
    uncommitted changes (the release commit must hold exactly what was tested);
 2. writes the version into attn_course/__init__.py and CITATION.cff (with today's date), and rewrites
-   the first cell of every chapter (the same as ``make sync``);
+   the first cell of every chapter (the same as ``make sync``), and README.md's chapter table, whose
+   Colab links open the notebooks at the tag (the same as ``make readme``);
 3. commits those files ("Release vX.Y.Z"; nothing to commit when they already say X.Y.Z) and creates
    the annotated tag vX.Y.Z on that commit.
 
@@ -27,6 +28,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import readme_table  # noqa: E402  (tools/readme_table.py)
 import sync_setup_cells  # noqa: E402  (tools/sync_setup_cells.py)
 
 PACKAGE_INIT = ROOT / "attn_course" / "__init__.py"
@@ -87,7 +89,10 @@ def main(argv: list[str]) -> int:
     set_citation(version, date)
     if sync_setup_cells.main([str(c) for c in chapters]) != 0:
         raise SystemExit("could not rewrite the chapters' first cells")
-    paths = [str(p.relative_to(ROOT)) for p in (PACKAGE_INIT, CITATION, *chapters)]
+    if readme_table.main([]) != 0:
+        raise SystemExit("could not rewrite README.md's chapter table")
+    pages = [ROOT / "README.md", *(ROOT / name for name in readme_table.PAGES if (ROOT / name).exists())]
+    paths = [str(p.relative_to(ROOT)) for p in (PACKAGE_INIT, CITATION, *chapters, *pages)]
     if git("status", "--porcelain", "--", *paths):
         git("add", "--", *paths)
         git("commit", "--quiet", "-m", f"Release {tag}", "--", *paths)
