@@ -6,7 +6,7 @@ Run it from a shell::
     python -m attn_course.bench --length 256 512 1024 --csv times.csv --markdown times.md
     python -m attn_course.bench --device cpu --dtype bfloat16 --repeats 10
     python -m attn_course.bench --linear --length 256 1024 4096 16384   # chapter 12: one decoding step
-    python -m attn_course.bench --mla --length 1024                     # chapter 11: latent attention, one decoding step
+    python -m attn_course.bench --mla --length 256 1024 4096            # chapter 11: latent attention, one decoding step
 
 or from Python with :func:`benchmark`. Every implementation computes the same function (the same
 weights, copied from one ``nn.MultiheadAttention``; :func:`benchmark` checks that their outputs
@@ -541,7 +541,8 @@ def _parser() -> argparse.ArgumentParser:
                         "for 8, 4, 2 and 1 key/value heads instead (context = the first --length)")
     parser.add_argument("--window", type=int, default=None, help="with --gqa: a sliding window")
     parser.add_argument("--mla", action="store_true", help="time one cached decoding step of multi-head latent attention, "
-                        "naive and absorbed, against MHA and GQA of the same width (context = the first --length)")
+                        "naive and absorbed, against MHA and GQA of the same width, for each context in --length "
+                        "(default 256 1024 4096)")
     parser.add_argument("--linear", action="store_true", help="time one decoding step of softmax attention with a KV "
                         "cache against the recurrent steps of linear attention and the gated delta rule, for each "
                         "context in --length")
@@ -864,15 +865,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             _write(args.markdown, linear_to_markdown(linear_results))
         return 0
-    args.length = args.length or [512]
     if args.mla:
-        mla_results = mla_decoding(args.batch, args.length[0], args.embed_dim, args.heads, device=device,
-                                   dtype=_DTYPES[args.dtype], warmup=args.warmup, repeats=args.repeats)
+        mla_results = []
+        for context in args.length or (256, 1024, 4096):  # every context, each with its own MHA baseline
+            mla_results += mla_decoding(args.batch, context, args.embed_dim, args.heads, device=device,
+                                        dtype=_DTYPES[args.dtype], warmup=args.warmup, repeats=args.repeats)
         print(f"one cached decoding step, {args.dtype}; median of {args.repeats} rounds; {_environment(device)}")
         print(mla_to_markdown(mla_results))
         if args.markdown:
             _write(args.markdown, mla_to_markdown(mla_results))
         return 0
+    args.length = args.length or [512]
     if args.gqa:
         kv_heads = tuple(g for g in (args.heads, 4, 2, 1) if args.heads % g == 0)
         gqa_results = gqa_decoding(args.batch, args.length[0], args.embed_dim, args.heads, kv_heads, args.window,

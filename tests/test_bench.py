@@ -273,9 +273,10 @@ def test_mla_decoding_reports_naive_absorbed_and_the_cache_ratios(capsys):
         assert r.seconds_per_token > 0 and r.context == 12
         assert r.time_ratio == pytest.approx(r.seconds_per_token / rows["MHA"].seconds_per_token)
     assert "MLA absorbed | 12 |" in mla_to_markdown(results)
-    assert bench.main(["--mla", "--device", "cpu", "--batch", "1", "--length", "6", "--embed-dim", "16", "--heads", "2",
-                       "--repeats", "1", "--warmup", "0"]) == 0
+    assert bench.main(["--mla", "--device", "cpu", "--batch", "1", "--length", "6", "9", "--embed-dim", "16", "--heads",
+                       "2", "--repeats", "1", "--warmup", "0"]) == 0
     printed = capsys.readouterr().out
     assert "one cached decoding step" in printed and "| MLA naive (d_c = 32, d_h^R = 4) | 6 |" in printed
+    assert "| MLA absorbed | 9 |" in printed and "| MHA (G = 2) | 9 | " in printed  # every --length, not the first only
     with pytest.raises(ValueError, match="num_heads must divide"):
         mla_decoding(embed_dim=30, num_heads=4)
