@@ -1,11 +1,12 @@
 """Every chapter 07 check with a right answer, wrong answers (the message says what is wrong), a
 crashing answer (an "error" feedback, no traceback) and the untouched scaffold ("not attempted")."""
 
-import pytest
-import torch
-
+import copy
 import math
 import unicodedata
+
+import pytest
+import torch
 
 import numpy as np
 
@@ -45,35 +46,35 @@ def noun_phrase_right(article, adjective, noun, gender):
 
 
 def noun_phrase_no_elision(article, adjective, noun, gender):
-    return french_noun_phrase(article, adjective, "x" + noun, gender).replace("x", "", 1) if article == "the" and adjective is None and noun[0] in "aeiouéîh" else french_noun_phrase(article, adjective, noun, gender)
+    return noun_phrase_right(article, adjective, "x" + noun, gender).replace("x", "", 1) if article == "the" and adjective is None and noun[0] in "aeiouéîh" else noun_phrase_right(article, adjective, noun, gender)
 
 
 def noun_phrase_always_after(article, adjective, noun, gender):
     if adjective is not None:
         adjective = (adjective[0], adjective[1], "after")
-    return french_noun_phrase(article, adjective, noun, gender)
+    return noun_phrase_right(article, adjective, noun, gender)
 
 
 def noun_phrase_no_agreement(article, adjective, noun, gender):
     if adjective is not None:
         adjective = (adjective[0], adjective[0], adjective[2])
-    return french_noun_phrase(article, adjective, noun, gender)
+    return noun_phrase_right(article, adjective, noun, gender)
 
 
 def noun_phrase_elides_through_adjective(article, adjective, noun, gender):
-    text = french_noun_phrase(article, adjective, noun, gender)
+    text = noun_phrase_right(article, adjective, noun, gender)
     if article == "the" and noun[0] in "aeiouéîh" and adjective is not None and adjective[2] == "before":
         return "l'" + text.split(" ", 1)[1]
     return text
 
 
 def noun_phrase_space_after_l(article, adjective, noun, gender):
-    return french_noun_phrase(article, adjective, noun, gender).replace("l'", "l' ")
+    return noun_phrase_right(article, adjective, noun, gender).replace("l'", "l' ")
 
 
 def noun_phrase_only_known_vowels(article, adjective, noun, gender):
     """Elides before plain vowels only: fails on the new noun 'île'."""
-    text = french_noun_phrase(article, adjective, noun, gender)
+    text = noun_phrase_right(article, adjective, noun, gender)
     if text.startswith("l'î"):
         return "la " + text[2:]
     return text
@@ -81,14 +82,14 @@ def noun_phrase_only_known_vowels(article, adjective, noun, gender):
 
 def noun_phrase_no_elision_before_h(article, adjective, noun, gender):
     """Elides before vowels only: fails on 'homme' (a mute h)."""
-    text = french_noun_phrase(article, adjective, noun, gender)
+    text = noun_phrase_right(article, adjective, noun, gender)
     if text.startswith("l'h"):
         return ("le " if gender == "m" else "la ") + text[2:]
     return text
 
 
 def noun_phrase_always_une(article, adjective, noun, gender):
-    return french_noun_phrase(article, adjective, noun, gender).replace("un ", "une ", 1) if article == "a" else french_noun_phrase(article, adjective, noun, gender)
+    return noun_phrase_right(article, adjective, noun, gender).replace("un ", "une ", 1) if article == "a" else noun_phrase_right(article, adjective, noun, gender)
 
 
 def noun_phrase_right_with_a_set(article, adjective, noun, gender):
@@ -119,32 +120,32 @@ def noun_phrase_right_by_unicode(article, adjective, noun, gender):
 
 def noun_phrase_vowels_of_the_tests(article, adjective, noun, gender):
     """The review's accepted answer: only the accents that the old check tried (é, î)."""
-    text = french_noun_phrase(article, adjective, noun, gender)
+    text = noun_phrase_right(article, adjective, noun, gender)
     if text.startswith("l'") and text[2] not in "aeiouhéî":
         return ("le " if gender == "m" else "la ") + text[2:]
     return text
 
 
 def noun_phrase_elides_before_y(article, adjective, noun, gender):
-    text = french_noun_phrase(article, adjective, noun, gender)
+    text = noun_phrase_right(article, adjective, noun, gender)
     return "l'" + text[3:] if text.startswith("le y") else text
 
 
 def noun_phrase_unicode_without_ligature(article, adjective, noun, gender):
     """Strips accents with unicodedata but forgets that œ is a vowel."""
-    text = french_noun_phrase(article, adjective, noun, gender)
+    text = noun_phrase_right(article, adjective, noun, gender)
     return "le " + text[2:] if text.startswith("l'œ") else text
 
 
 def noun_phrase_feminine_adds_e(article, adjective, noun, gender):
     if adjective is not None and gender == "f":
         adjective = (adjective[0], adjective[0] + "e", adjective[2])
-    return french_noun_phrase(article, adjective, noun, gender)
+    return noun_phrase_right(article, adjective, noun, gender)
 
 
 def noun_phrase_elision_by_the_noun(article, adjective, noun, gender):
     """Decides the elision by the noun, not by the word right after the article."""
-    text = french_noun_phrase(article, None, noun, gender)
+    text = noun_phrase_right(article, None, noun, gender)
     if adjective is None:
         return text
     form = adjective[0] if gender == "m" else adjective[1]
@@ -152,6 +153,31 @@ def noun_phrase_elision_by_the_noun(article, adjective, noun, gender):
     if article == "a":
         return text.split(" ")[0] + " " + " ".join(words)
     return ("l'" if text.startswith("l'") else text.split(" ")[0] + " ") + " ".join(words)
+
+
+def noun_phrase_package(article, adjective, noun, gender):
+    """The review's accepted answer: the package's own rules."""
+    return tr.french_noun_phrase(article, adjective, noun, gender)
+
+
+def noun_phrase_through_reference_translation(article, adjective, noun, gender):
+    """The package's rules by another route: a lexicon with the noun, translated by reference_translation."""
+    lexicon = tr.DEFAULT_LEXICON.with_noun("thing", noun, gender)
+    english_adjective = None
+    if adjective is not None:
+        lexicon = tr.Lexicon(lexicon.nouns, {**lexicon.adjectives, "new": adjective}, lexicon.verbs)
+        english_adjective = "new"
+    phrase = tr.english_noun_phrase(article, english_adjective, "thing")
+    return tr.reference_translation(f"{phrase} sees the cat", lexicon).rsplit(" voit ", 1)[0]
+
+
+def noun_phrase_blocked_by_any_pre_nominal_adjective(article, adjective, noun, gender):
+    """The rule the chapter used to teach: elide by the noun's first letter, never when an adjective stands
+    between (wrong for l'ancienne école, l'immense arbre, l'ancien chat)."""
+    if article == "the" and adjective is not None and adjective[2] == "before":
+        form = adjective[0] if gender == "m" else adjective[1]
+        return ("le " if gender == "m" else "la ") + form + " " + noun
+    return noun_phrase_right(article, adjective, noun, gender)
 
 
 def test_noun_phrase_right():
@@ -178,12 +204,19 @@ def test_noun_phrase_right():
         (noun_phrase_unicode_without_ligature, "œ"),
         (noun_phrase_feminine_adds_e, "feminine"),
         (noun_phrase_elision_by_the_noun, "no elision"),
+        (noun_phrase_blocked_by_any_pre_nominal_adjective, "The word right after the article decides"),
     ],
 )
 def test_noun_phrase_wrong(answer, words):
     feedback = check_french_noun_phrase(answer)
     assert not feedback and feedback.status == "incorrect"
     assert words in feedback.message and "expected" in feedback.message and "Hint" in str(feedback)
+
+
+@pytest.mark.parametrize("answer", [noun_phrase_package, noun_phrase_through_reference_translation])
+def test_noun_phrase_package_is_forbidden(answer):
+    feedback = check_french_noun_phrase(answer)
+    assert feedback.status == "incorrect" and "you called attn_course" in feedback.message, str(feedback)
 
 
 def test_noun_phrase_wrong_type():
@@ -306,8 +339,69 @@ def sample_global_generator(logits, temperature, generator):
     return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)
 
 
+def sample_squeezes_every_axis(logits, temperature, generator):
+    """The review's accepted answer: .squeeze() gives a 0-d tensor when B = 1."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator).squeeze()
+
+
+def sample_divides_in_place(logits, temperature, generator):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits /= temperature
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
+
+
+def sample_categorical(logits, temperature, generator):
+    """torch.distributions draws with the global generator: the one given is ignored."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.distributions.Categorical(logits=logits / temperature).sample()
+
+
+def sample_greedy_below_one(logits, temperature, generator):
+    """Reads 'sharpens towards greedy' as 'greedy'."""
+    if temperature < 1:
+        return logits.argmax(dim=-1)
+    return sample_right(logits, temperature, generator)
+
+
+def sample_top_two(logits, temperature, generator):
+    """Top-k sampling with k = 2: the other ids never come up."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    values, ids = logits.topk(2, dim=-1)
+    picked = torch.multinomial(torch.softmax(values / temperature, dim=-1), 1, generator=generator)
+    return ids.gather(-1, picked)[:, 0]
+
+
+def sample_gumbel_wrong_sign(logits, temperature, generator):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    uniform = torch.rand(logits.shape, generator=generator).clamp(1e-12, 1 - 1e-12)
+    return (logits / temperature + torch.log(-torch.log(uniform))).argmax(dim=-1)
+
+
+def sample_right_inverse_cdf(logits, temperature, generator):
+    """A correct alternative: the inverse of each row's cumulative distribution."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    u = torch.rand(logits.size(0), 1, generator=generator, dtype=torch.float64, device=logits.device)
+    return torch.searchsorted(p.cumsum(-1), u)[:, 0].clamp(max=logits.size(-1) - 1)
+
+
+def sample_right_powers(logits, temperature, generator):
+    """A correct alternative: softmax(z) ** (1 / temperature), unnormalised (multinomial normalises)."""
+    if temperature == 0:
+        return torch.from_numpy(np.argmax(logits.numpy(), axis=-1))
+    return torch.multinomial(torch.softmax(logits, dim=-1).double() ** (1 / temperature), 1, generator=generator)[:, 0]
+
+
 def test_sample_right():
-    for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature):
+    for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature,
+                   sample_right_inverse_cdf, sample_right_powers):
         feedback = check_sample_next(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -330,6 +424,12 @@ def test_sample_crash_and_scaffold():
         (sample_argmax_over_the_batch, "over the batch"),
         (sample_first_row_only, "each row is its own distribution"),
         (sample_in_place, "in place"),
+        (sample_divides_in_place, "in place"),
+        (sample_squeezes_every_axis, ".squeeze() without an axis"),
+        (sample_categorical, "generator"),
+        (sample_greedy_below_one, "Every sample is the same id"),
+        (sample_top_two, "frequencies"),
+        (sample_gumbel_wrong_sign, "frequencies"),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):
@@ -469,8 +569,63 @@ def beam_without_start_in_prefixes(next_log_probs, beam_width, max_len, start_id
     return beams[0][0]
 
 
+def beam_without_the_end_symbol(next_log_probs, beam_width, max_len, start_id, end_id):
+    return [token for token in beam_right(next_log_probs, beam_width, max_len, start_id, end_id) if token != end_id]
+
+
+def beam_prefers_finished(next_log_probs, beam_width, max_len, start_id, end_id):
+    """The review's accepted answer: at max_len, a finished survivor is returned even where an unfinished one
+    scores higher."""
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        alive = [b for b in beams if b[0][-1] != end_id]
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))
+        candidates = [b for b in beams if b[0][-1] == end_id]
+        for (ids, score), row in zip(alive, log_probs.tolist()):
+            candidates += [(ids + [token], score + value) for token, value in enumerate(row)]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+    done = [b for b in beams if b[0][-1] == end_id]
+    return (done or beams)[0][0][1:]
+
+
+def beam_right_stops_when_the_best_has_ended(next_log_probs, beam_width, max_len, start_id, end_id):
+    """A correct alternative: stop as soon as the best survivor has ended (scores only fall), scores as
+    products of probabilities."""
+    beams = [([start_id], 1.0)]
+    for _ in range(max_len):
+        if beams[0][0][-1] == end_id:
+            break
+        alive = [b for b in beams if b[0][-1] != end_id]
+        probabilities = next_log_probs(torch.tensor([ids for ids, _ in alive])).double().exp()
+        candidates = [b for b in beams if b[0][-1] == end_id]
+        for (ids, score), row in zip(alive, probabilities.tolist()):
+            candidates += [(ids + [token], score * p) for token, p in enumerate(row)]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+    return torch.tensor(beams[0][0][1:])
+
+
+def beam_right_finished_set_aside(next_log_probs, beam_width, max_len, start_id, end_id):
+    """A correct alternative (as many libraries do it): finished hypotheses leave the beam, beam_width
+    unfinished ones go on, the best of all is returned."""
+    alive, done = [([start_id], 0.0)], []
+    for _ in range(max_len):
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))
+        candidates = []
+        for (ids, score), row in zip(alive, log_probs.tolist()):
+            candidates += [(ids + [token], score + value) for token, value in enumerate(row)]
+        candidates.sort(key=lambda b: -b[1])
+        done += [c for c in candidates[:beam_width] if c[0][-1] == end_id]
+        alive = [c for c in candidates if c[0][-1] != end_id][:beam_width]
+    return max(done + alive, key=lambda b: b[1])[0][1:]
+
+
 def test_beam_right_answers():
-    for answer in (beam_right, beam_right_with_tensors, lambda *a: (beam_right(*a), 0.0)):
+    for answer in (beam_right, beam_right_with_tensors, lambda *a: (beam_right(*a), 0.0),
+                   beam_right_stops_when_the_best_has_ended, beam_right_finished_set_aside):
         feedback = check_beam_search(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -482,6 +637,8 @@ def test_beam_right_answers():
         (beam_last_token_score, "last token only"),
         (beam_length_normalised, "divided each score by the length"),
         (beam_first_finished, "first sequence that ended"),
+        (beam_prefers_finished, "one that has not ended scores higher"),
+        (beam_without_the_end_symbol, "you left out the end symbol"),
         (beam_keeps_start, "leave the start symbol out"),
         (beam_width_two, "beam_width=2 only"),
         (beam_package, "you called"),
@@ -613,6 +770,69 @@ def post_norm_in_place(layer, x, memory, memory_padding):
     return layer.norm3(x + layer.feed_forward(x))
 
 
+def post_norm_through_apply_sublayers(layer, x, memory, memory_padding):
+    """The review's accepted answer: the package's own post-norm wiring, through a copy with norm_first=False."""
+    post = copy.copy(layer)
+    post.norm_first = False
+    out, _, _ = post.apply_sublayers(
+        x, lambda h: (layer.self_attn(h, h, h, is_causal=True, need_weights=False)[0], None),
+        lambda h: (layer.cross_attn(h, memory, memory, key_padding_mask=memory_padding, need_weights=False)[0], None))
+    return out
+
+
+def post_norm_torch_layer(layer, x, memory, memory_padding):
+    """The review's accepted answer: PyTorch's nn.TransformerDecoderLayer(norm_first=False), weights copied in."""
+    E = x.size(-1)
+    theirs = torch.nn.TransformerDecoderLayer(E, layer.self_attn.num_heads, layer.feed_forward.expand.out_features,
+                                              dropout=0.0, batch_first=True, norm_first=False).eval().to(x.dtype)
+    with torch.no_grad():
+        for mine, their_attention in ((layer.self_attn, theirs.self_attn), (layer.cross_attn, theirs.multihead_attn)):
+            their_attention.in_proj_weight.copy_(torch.cat([mine.q_proj.weight, mine.k_proj.weight, mine.v_proj.weight]))
+            their_attention.in_proj_bias.copy_(torch.cat([mine.q_proj.bias, mine.k_proj.bias, mine.v_proj.bias]))
+            their_attention.out_proj.load_state_dict(mine.out_proj.state_dict())
+        theirs.linear1.load_state_dict(layer.feed_forward.expand.state_dict())
+        theirs.linear2.load_state_dict(layer.feed_forward.contract.state_dict())
+        for a, b in ((layer.norm1, theirs.norm1), (layer.norm2, theirs.norm2), (layer.norm3, theirs.norm3)):
+            b.load_state_dict(a.state_dict())
+    T = x.size(1)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    return theirs(x, memory, tgt_mask=future, memory_key_padding_mask=memory_padding)
+
+
+def post_norm_float64(layer, x, memory, memory_padding):
+    """The review's accepted answer: a float64 result of float32 inputs."""
+    return post_norm_right(layer, x, memory, memory_padding).double()
+
+
+def post_norm_always_float32(layer, x, memory, memory_padding):
+    return post_norm_right(layer, x, memory, memory_padding).float()
+
+
+def post_norm_half(layer, x, memory, memory_padding):
+    return post_norm_right(layer, x, memory, memory_padding).half()
+
+
+def post_norm_allowed_mask(layer, x, memory, memory_padding):
+    """The causal mask in the other convention (True = may attend), chapter 04's lower triangle."""
+    T = x.size(1)
+    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    x = layer.norm1(x + layer.self_attn(x, x, x, attn_mask=allowed, need_weights=False)[0])
+    x = layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return layer.norm3(x + layer.feed_forward(x))
+
+
+def post_norm_residual_outside_the_norm(layer, x, memory, memory_padding):
+    x = x + layer.norm1(layer.self_attn(x, x, x, is_causal=True)[0])
+    x = x + layer.norm2(layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return x + layer.norm3(layer.feed_forward(x))
+
+
+def post_norm_ffn_before_cross(layer, x, memory, memory_padding):
+    x = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0])
+    x = layer.norm3(x + layer.feed_forward(x))
+    return layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+
+
 def test_post_norm_right_answers():
     for answer in (post_norm_right, post_norm_right_with_a_mask):
         feedback = check_post_norm_decoder_layer(answer)
@@ -634,6 +854,14 @@ def test_post_norm_right_answers():
         (post_norm_forgets_the_ffn, "values differ"),
         (post_norm_returns_the_tuple, "tuple"),
         (post_norm_identity, "input"),
+        (post_norm_through_apply_sublayers, "DecoderLayer.apply_sublayers"),
+        (post_norm_torch_layer, "you called"),
+        (post_norm_float64, "torch.float64 but the inputs and the layer are torch.float32"),
+        (post_norm_always_float32, "torch.float32 but the inputs and the layer are torch.float64"),
+        (post_norm_half, "torch.float16"),
+        (post_norm_allowed_mask, "other convention"),
+        (post_norm_residual_outside_the_norm, "values differ"),
+        (post_norm_ffn_before_cross, "values differ"),
     ],
 )
 def test_post_norm_wrong_answers_are_told_what_is_wrong(answer, words):
@@ -650,3 +878,14 @@ def test_post_norm_for_the_notebooks_sizes_only_crashes_and_says_where():
 def test_post_norm_crash_and_scaffold():
     assert check_post_norm_decoder_layer(crashing).status == "error"
     assert check_post_norm_decoder_layer(scaffold).status == "not attempted"
+
+
+def test_the_gpu_cases_run_where_there_is_a_gpu(monkeypatch):
+    """Exercises 2 to 4 try one more case on the notebook's GPU; here the CPU stands in for it, so that the
+    code path runs on every machine (right answers pass it)."""
+    import attn_course.exercises.ch07 as ch07
+
+    monkeypatch.setattr(ch07, "_accelerator", lambda: torch.device("cpu"))
+    assert check_sample_next(sample_right).status == "correct"
+    assert check_beam_search(beam_right).status == "correct"
+    assert check_post_norm_decoder_layer(post_norm_right).status == "correct"

@@ -84,6 +84,43 @@ def test_alignment_scores_rejects_maps_without_words():
         tr.alignment_scores([_map("le un", "the a", {})])
 
 
+def test_reordering_scores_count_heads_that_tell_the_noun_from_its_adjective():
+    # "le chien noir voit un oiseau" <- "the black dog sees a bird": one reordered phrase, chien noir.
+    source, target = "the black dog sees a bird", "le chien noir voit un oiseau"
+    english = source.split()
+    separates = {1: english.index("dog"), 2: english.index("black")}
+    scores = tr.reordering_scores([_map(target, source, separates)])
+    assert scores["total"] == 1 and scores["both"].shape == (2, 4)
+    assert scores["both"][0, 0] == scores["noun"][0, 0] == scores["adjective"][0, 0] == 1.0
+    # Uniform heads choose "black" (the longest word) at both steps: the adjective right, the noun wrong.
+    assert scores["uniform"] == 0.0 and scores["both"][1, 0] == 0.0
+    assert scores["noun"][1, 0] == 0.0 and scores["adjective"][1, 0] == 1.0
+    both_on_black = {1: english.index("black"), 2: english.index("black")}  # the phrase read as one unit
+    scores = tr.reordering_scores([_map(target, source, both_on_black)])
+    assert scores["both"][0, 0] == 0.0 and scores["adjective"][0, 0] == 1.0
+    # A pre-nominal adjective (le petit chat) and an elided noun with its adjective (l'arbre noir).
+    assert tr.reordering_scores([_map("l'arbre noir voit le petit chat", "the black tree sees the small cat",
+                                      {})])["total"] == 1
+    with pytest.raises(ValueError, match="no French noun followed"):
+        tr.reordering_scores([_map("le petit chat voit un oiseau", "the small cat sees a bird", {})])
+    with pytest.raises(ValueError, match="non-empty list"):
+        tr.reordering_scores([])
+
+
+def test_word_start_entropy_splits_the_steps_that_start_a_word_from_the_others():
+    target, source = "le chien", "the dog"
+    T, S = len(target) + 1, len(source)
+    cross = torch.full((1, 2, T, S), 1.0 / S)  # even everywhere ...
+    for t0 in (0, 3):  # ... but one-hot at the first letters of "le" and "chien"
+        cross[0, 0, t0] = 0.0
+        cross[0, 0, t0, 0] = 1.0
+    shares = tr.word_start_entropy([{"target": list(target) + ["</s>"], "source": list(source), "cross": cross}])
+    torch.testing.assert_close(shares["first"], torch.tensor([[0.0, 1.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(shares["other"], torch.ones(1, 2))
+    with pytest.raises(ValueError, match="non-empty list"):
+        tr.word_start_entropy({})
+
+
 def test_entropy_share_is_one_for_even_rows_and_zero_for_one_hot_rows():
     even = torch.full((2, 3, 4, 5), 0.2)
     torch.testing.assert_close(tr.entropy_share(even), torch.ones(2, 3))
@@ -266,3 +303,18 @@ def test_fine_tune_lowers_the_loss_on_its_pairs_and_keeps_the_vocabularies(tiny)
         tr.fine_tune(copy.deepcopy(model), pairs[:4], steps=0)
     with pytest.raises(TypeError, match="Translator"):
         tr.fine_tune(model.transformer, pairs[:4], steps=1)
+
+
+def test_sequence_log_probs_sum_the_next_character_log_probabilities(tiny):
+    model, pairs = tiny
+    english, french = pairs[1]
+    other = french[:-1] + ("a" if french[-1] != "a" else "e")
+    got = tr.sequence_log_probs(model, [(english, french), (english, other), pairs[2]])
+    assert got.shape == (3,) and got.dtype == torch.float64 and bool((got < 0).all())
+    next_log_probs = tr.next_char_log_probs(model, english)
+    ids = [CharVocab.start_id] + model.target_vocab.encode(french) + [CharVocab.end_id]
+    by_steps = sum(float(next_log_probs(torch.tensor([ids[:t]]))[0, ids[t]]) for t in range(1, len(ids)))
+    assert float(got[0]) == pytest.approx(by_steps, abs=1e-4)  # padding of the shorter pair counts for nothing
+    assert tr.sequence_log_probs(model, [pairs[2]])[0] == pytest.approx(float(got[2]), abs=1e-4)
+    with pytest.raises(TypeError, match="Translator"):
+        tr.sequence_log_probs("model", pairs[:1])

@@ -6,6 +6,18 @@ tests/test_exercises_ch07.py. They use the shared mechanism of ``attn_course.exe
 watched for changes in place, results' kind of dtype and device, sizes unlike the notebook's
 (``other_sizes``), left padding (``padding_cases``) and logits near 100 in float32
 (``large_scores``); the package's own answers are forbidden where the exercise asks for them.
+
+- Exercise 1 forbids the whole package (its rules are the answer) and tries new nouns of every
+  initial and adjectives that go before the noun and start with a vowel (the word right after the
+  article decides the elision: *l'ancienne école*, *l'ancien chat*).
+- Exercise 2 samples one row too (``.squeeze()`` would drop the batch axis) and passes logits that
+  are a tensor of their own, so that a division in place is named as such.
+- Exercise 3 has a table whose best survivor at ``max_len`` has not ended.
+- Exercise 4 forbids the layer's own wiring by every route (``DecoderLayer.forward`` and
+  ``apply_sublayers``, ``Transformer``, PyTorch's decoder layers and ``nn.MultiheadAttention``),
+  asks for the inputs' exact dtype (a float64 case too) and names a causal mask in the other
+  convention.
+- Exercises 2 to 4 try one more case on the notebook's GPU when there is one (:func:`_accelerator`).
 """
 
 from __future__ import annotations
@@ -14,10 +26,10 @@ import math
 
 import torch
 
-from ..transformer import DecoderLayer
+from ..transformer import DecoderLayer, Transformer
 from ..translator import DEFAULT_LEXICON, beam_search, beam_translate, french_noun_phrase
-from . import (Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, forbidden, large_scores,
-               other_sizes, padding_cases, randn, rng)
+from . import (Mismatch, call, exercise, expect, expect_close, expect_tensor, forbidden, large_scores, other_sizes,
+               padding_cases, randn, rng, tolerance)
 
 __all__ = ["check_french_noun_phrase", "check_sample_next", "check_beam_search", "check_post_norm_decoder_layer"]
 
@@ -29,6 +41,8 @@ NEW_NOUNS = {
     "egg": ("œuf", "m"), "hotel": ("hôtel", "m"), "yogurt": ("yaourt", "m"), "computer": ("ordinateur", "m"),
     "mouse": ("souris", "f"),
 }
+# Pre-nominal adjectives that start with a vowel (l'ancienne école, l'immense arbre, l'ancien chat).
+ANCIEN, IMMENSE = ("ancien", "ancienne", "before"), ("immense", "immense", "before")
 
 
 def _cases():
@@ -48,6 +62,10 @@ def _cases():
     yield "elision before a mute h", ("the", None, *homme)
     yield "no elision when a pre-nominal adjective comes first", ("the", adjectives["big"], *arbre)
     yield "no elision with un/une", ("a", None, *ecole)
+    # Adjectives that go before the noun and start with a vowel (not in the lexicon): the word right after
+    # the article decides, so they elide themselves, before a vowel-initial noun or a consonant-initial one.
+    for entry, (noun, gender) in ((ANCIEN, ecole), (IMMENSE, arbre), (ANCIEN, chat), (IMMENSE, voiture)):
+        yield "the word right after the article decides the elision", ("the", entry, noun, gender)
     for english, (noun, gender) in NEW_NOUNS.items():
         for article in ("the", "a"):
             for adjective in (None, "small", "black"):
@@ -76,8 +94,9 @@ def _elision_hint(noun: str) -> str:
 @exercise(
     "Exercise 1, add a new noun: the rules of a French noun phrase",
     hint="choose the adjective's form by the noun's gender and put it before or after the noun as its entry says; "
-         "then the article: un or une for 'a'; for 'the', look at the first letter of the word that follows it, "
-         "and elide to l' (no space) before any vowel, accented or not, or an h",
+         "then the article: un or une for 'a'; for 'the', look at the first letter of the word that follows it "
+         "(the adjective, when it goes first), and elide to l' (no space) before any vowel, accented or not, or an h",
+    forbid=("attn_course",),
 )
 def check_french_noun_phrase(noun_phrase) -> str:
     checked = 0
@@ -92,11 +111,33 @@ def check_french_noun_phrase(noun_phrase) -> str:
             if ("l'" in expected) != ("l'" in got) and args[0] == "the":
                 first_word = expected[2:].split(" ")[0] if expected.startswith("l'") else words[1]
                 detail = _elision_hint(first_word)
+                adjective = args[1]
+                if adjective is not None and adjective[2] == "before":
+                    form = adjective[0] if args[3] == "m" else adjective[1]
+                    detail = (f" The word right after the article decides, here the adjective {form!r}, not the "
+                              f"noun {args[2]!r}: elide when it starts with a vowel or an h, whatever the noun "
+                              "starts with.")
             raise Mismatch(f"{rule}: {what} expected {expected!r}, got {got!r}.{detail}")
         checked += 1
     return (f"all {checked} noun phrases are right, including the new nouns "
-            f"{', '.join(repr(n) for n, _ in NEW_NOUNS.values())}: for a noun that starts with a consonant, a vowel or "
-            "a mute h, its French and its gender are all the grammar needs.")
+            f"{', '.join(repr(n) for n, _ in NEW_NOUNS.values())} and adjectives that start with a vowel "
+            "(l'ancienne école, l'immense arbre): for a noun that starts with a consonant, a vowel or a mute h, its "
+            "French and its gender are all the grammar needs.")
+
+
+# --------------------------------------------------------------------------------------------------
+# The notebook's GPU
+
+
+def _accelerator() -> torch.device | None:
+    """The GPU where exercises 2 to 4 try one more case (CUDA, then Apple's MPS), or None on a CPU-only machine.
+    A tensor made there without ``device=`` would live on the CPU, and mixing the two fails."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -132,7 +173,17 @@ def check_sample_next(sample_next) -> str:
                             dtype="integer", device=other)
         expect_close(got, other.argmax(dim=-1), what=what)
 
-    many = logits[:1].expand(20000, 4)  # the same distribution 20,000 times
+    # One row, sampled: the batch axis must survive (translate appends next_id[:, None] to each sentence).
+    one = randn(1, 6, generator=generator)
+    what = "sample_next(logits of shape (1, 6), temperature=1)"
+    single = call(sample_next, one, 1.0, torch.Generator().manual_seed(0))
+    if isinstance(single, torch.Tensor) and single.dim() == 0:
+        raise Mismatch(f"{what}: got a tensor of shape () for one sentence: .squeeze() without an axis removes every "
+                       "axis of size 1, the batch's too when B = 1; remove only the axis of the one sample drawn per "
+                       "row")
+    expect_tensor(single, what=what, shape=(1,), dtype="integer", device=one)
+
+    many = logits[:1].repeat(20000, 1)  # the same distribution 20,000 times (a tensor of its own, not a view)
     for temperature in (1.0, 0.5, 2.0):
         what = f"sample_next(logits of shape (20000, 4), temperature={temperature})"
         first = expect_tensor(call(sample_next, many, temperature, torch.Generator().manual_seed(1)), what=what,
@@ -175,6 +226,13 @@ def check_sample_next(sample_next) -> str:
     got = expect_tensor(call(sample_next, big, 1.0, torch.Generator().manual_seed(3)), what=what, shape=(4000,),
                         dtype="integer", device=big)
     expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
+    device = _accelerator()
+    if device is not None:  # once more on the GPU, with a generator there, as translate(...) on a GPU does
+        on_device = logits.repeat(500, 1).to(device)  # (1000, 4)
+        for temperature in (0.0, 1.0):
+            what = f"sample_next(logits of shape (1000, 4) on {device}, temperature={temperature})"
+            got = call(sample_next, on_device, temperature, torch.Generator(device=device).manual_seed(0))
+            expect_tensor(got, what=what, shape=(1000,), dtype="integer", device=on_device)
     return "greedy at temperature 0, and samples that follow softmax(logits / temperature) row by row, reproducibly."
 
 
@@ -189,8 +247,9 @@ class _ToyModel:
     sequence has its own score. Calls are (N, t) LongTensors whose rows start with ``start_id``.
     """
 
-    def __init__(self, V: int, start_id: int, end_id: int, table: dict, seed: int) -> None:
+    def __init__(self, V: int, start_id: int, end_id: int, table: dict, seed: int, device=None) -> None:
         self.V, self.start_id, self.end_id, self.table, self.seed = V, start_id, end_id, table, seed
+        self.device = device  # where the log-probabilities are returned (None: the CPU)
         self.calls = 0
 
     def probabilities(self, prefix: tuple) -> torch.Tensor:
@@ -226,11 +285,11 @@ class _ToyModel:
                 raise ValueError(f"next_log_probs was asked to extend {row}, which has already ended "
                                  f"(end symbol {self.end_id}): a finished sequence stays as it is")
             rows.append(self.probabilities(tuple(row[1:])).log())
-        return torch.stack(rows).float()  # (N, V)
+        return torch.stack(rows).float().to(self.device)  # (N, V)
 
 
 def _variant(model: _ToyModel, beam_width: int, max_len: int, *, score="sum", first_finished=False,
-             greedy=False) -> list[int]:
+             greedy=False, prefer_finished=False) -> list[int]:
     """The answer of a plausible wrong beam search (or the right one, with the defaults)."""
     width = 1 if greedy else beam_width
     beams = [([model.start_id], 0.0, 0.0)]  # ids, sum of log-probabilities, the last one
@@ -256,6 +315,9 @@ def _variant(model: _ToyModel, beam_width: int, max_len: int, *, score="sum", fi
             done = [b for b in beams if b[0][-1] == model.end_id]
             if done:
                 return done[0][0][1:]
+    if prefer_finished:  # a finished survivor returned even where an unfinished one scores higher
+        done = [b for b in beams if b[0][-1] == model.end_id]
+        return (done or beams)[0][0][1:]
     return beams[0][0][1:]
 
 
@@ -276,6 +338,8 @@ def _beam_cases():
     yield "a case that reaches max_len before any sequence ends", _ToyModel(4, 0, 1, {
         tuple(2 if t == A else 3 for t in k): {(2 if t == A else 3): v for t, v in d.items()} for k, d in never.items()
     }, 4), 2, 3
+    unfinished = {(): {A: 0.65, E: 0.3}, (A,): {A: 0.9, E: 0.05}}  # after 2 tokens: A A (0.585) above E (0.3)
+    yield "a case whose best survivor at max_len has not ended", _ToyModel(7, S, E, unfinished, 5), 2, 2
     for seed, (V, width, max_len) in enumerate(((6, 2, 6), (5, 3, 7), (8, 4, 6), (7, 3, 5), (9, 2, 8)), start=10):
         start, end = (0, V - 1) if seed % 2 else (1, 2)  # the special ids are not always 1 and 2
         yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
@@ -289,6 +353,8 @@ _BEAM_MISTAKES = (
                         "sum of log-probabilities"),
     ({"first_finished": True}, "you returned the first sequence that ended; a better one may still be in the beam: "
                                "stop when every survivor has ended and return the best"),
+    ({"prefer_finished": True}, "after max_len tokens you returned a survivor that has ended, but one that has not "
+                                "ended scores higher: return the best survivor, finished or not"),
 )
 
 
@@ -307,15 +373,32 @@ def check_beam_search(beam_search_fn) -> str:
         got = call(beam_search_fn, model, width, max_len, model.start_id, model.end_id)
         if isinstance(got, tuple) and len(got) == 2 and not isinstance(got[0], (int, float)):
             got = got[0]  # (ids, score) is fine too
+        if isinstance(got, (list, tuple)) and len(got) == 0:
+            got = torch.zeros(0, dtype=torch.long)  # no token at all: a list with nothing to tell its dtype
         got = expect_tensor(got, what=what, dtype="integer", convert=True).flatten().tolist()
         results.append((what, model, width, max_len, got, _variant(model, width, max_len)))
     wrong = [r for r in results if r[4] != r[5]]
+    device = _accelerator()
+    if not wrong and device is not None:  # once more with a model whose log-probabilities live on the GPU
+        description, model, width, max_len = next(_beam_cases())
+        model.device = device
+        what = (f"beam_search(next_log_probs, beam_width={width}, max_len={max_len}, start_id={model.start_id}, "
+                f"end_id={model.end_id}) on {description}, with log-probabilities on {device}")
+        got = call(beam_search_fn, model, width, max_len, model.start_id, model.end_id)
+        if isinstance(got, tuple) and len(got) == 2 and not isinstance(got[0], (int, float)):
+            got = got[0]
+        got = expect_tensor(got, what=what, dtype="integer", convert=True).flatten().tolist()
+        expected = _variant(model, width, max_len)
+        expect(got == expected, f"{what}: expected {expected}, got {got} (on the CPU your search found it)")
     if not wrong:
         return ("your beam search finds what the reference finds, on traps for greedy decoding, on sequences that end "
                 "early or late, and on random tables: beam_width=1 is greedy decoding, a wider beam looks further.")
     what, model, width, max_len, got, expected = wrong[0]
     if all(r[4] == [r[1].start_id] + r[5] for r in results):
         raise Mismatch(f"{what}: leave the start symbol out of the result; return the ids after it")
+    if all(r[4] == [t for t in r[5] if t != r[1].end_id] for r in results):
+        raise Mismatch(f"{what}: you left out the end symbol; keep it at the end of a sequence that ended, so that "
+                       "the caller can tell a finished sentence from one cut at max_len")
     if len(got) > max_len:
         raise Mismatch(f"{what}: your sequence has {len(got)} tokens; max_len={max_len} allows at most {max_len} "
                        "after the start symbol")
@@ -367,8 +450,13 @@ def _wirings(layer: DecoderLayer, x, memory, memory_padding) -> dict:
         h = h + attend_source(n2(h))
         return h + ffn(n3(h))
 
+    T = x.size(1)
+    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # True = may attend: the other convention
+
     wirings = {
         "right": post(),
+        "mask in the allowed convention": post(
+            attend_self_fn=lambda h: self_attn(h, h, h, attn_mask=allowed, need_weights=False)[0]),
         "pre-norm": pre_norm(),
         "no causal mask": post(attend_self_fn=lambda h: attend_self(h, causal=False)),
         "cross-attention to itself": post(attend_source_fn=lambda h: attend_source(h, padding=None, keys=h)),
@@ -386,6 +474,11 @@ def _wirings(layer: DecoderLayer, x, memory, memory_padding) -> dict:
 _WIRING_MESSAGES = {
     "pre-norm": "that is the pre-norm wiring, x + sublayer(norm(x)) (what this layer's own forward does); "
                 "post-norm normalises after the residual sum: x = norm(x + sublayer(x))",
+    "mask in the allowed convention": "your causal mask is in the other convention, True where attending is allowed "
+                                      "(the lower triangle, as F.scaled_dot_product_attention and ac.causal_mask take "
+                                      "it); layer.self_attn takes True where attending is blocked, so each position "
+                                      "saw only the future: pass is_causal=True, or a mask that is True above the "
+                                      "diagonal",
     "no causal mask": "the self-attention sees the future: the decoder's self-attention must be causal",
     "padding attended": "the cross-attention reads the source's padding: pass memory_padding (True at padding) to the "
                         "cross-attention as its key padding mask",
@@ -416,8 +509,13 @@ def _layer(E: int, H: int, seed: int) -> DecoderLayer:
 def _post_norm_reference(layer: DecoderLayer, x, memory, memory_padding):
     post = DecoderLayer(layer.norm1.normalized_shape[0], layer.self_attn.num_heads,
                         layer.feed_forward.expand.out_features, norm_first=False).eval()
+    post = post.to(dtype=x.dtype, device=x.device)
     post.load_state_dict(layer.state_dict())
     return post(x, memory, memory_key_padding_mask=memory_padding)[0]
+
+
+_LIBRARY_LAYERS = (DecoderLayer.apply_sublayers, Transformer, torch.nn.TransformerDecoderLayer, torch.nn.TransformerDecoder,
+                   torch.nn.Transformer, torch.nn.MultiheadAttention, torch.nn.functional.multi_head_attention_forward)
 
 
 @exercise(
@@ -427,36 +525,52 @@ def _post_norm_reference(layer: DecoderLayer, x, memory, memory_padding):
          "feed-forward network (norm3)",
 )
 def check_post_norm_decoder_layer(post_norm_decoder_layer) -> str:
-    cases = [("the notebook's sizes", 2, 6, 5, 16, 4, torch.tensor([[False] * 5, [False, False, False, True, True]]))]
+    float32, float64 = torch.float32, torch.float64
+    cases = [("the notebook's sizes", 2, 6, 5, 16, 4, torch.tensor([[False] * 5, [False, False, False, True, True]]),
+              float32)]
     for name, mask in padding_cases(3, 6, convention="blocked"):
-        cases.append((name, 3, 4, 6, 12, 3, mask))
+        cases.append((name, 3, 4, 6, 12, 3, mask, float32))
     for size in other_sizes():
         lengths = [size.S] + [max(1, size.S - 1 - b) for b in range(1, size.B)]
         mask = torch.arange(size.S)[None, :] >= torch.tensor(lengths)[:, None]  # (B, S): right padding
-        cases.append((f"sizes {size}", size.B, size.L, size.S, size.E, size.H, mask))
-    for seed, (name, B, T, S, E, H, memory_padding) in enumerate(cases):
-        layer = _layer(E, H, seed)
+        cases.append((f"sizes {size}", size.B, size.L, size.S, size.E, size.H, mask, float32))
+    cases.append(("float64 inputs and weights", 2, 5, 4, 8, 2, torch.tensor([[False] * 4, [False, False, True, True]]),
+                  float64))
+    device = _accelerator()
+    if device is not None:  # the notebook's sizes once more, on the GPU
+        cases.append((f"the notebook's sizes on {device}", *cases[0][1:7], float32))
+    for seed, (name, B, T, S, E, H, memory_padding, dtype) in enumerate(cases):
+        layer = _layer(E, H, seed).to(dtype)
         g = rng(100 + seed)
-        x, memory = randn(B, T, E, generator=g), randn(B, S, E, generator=g)  # (B, T, E), (B, S, E)
+        x, memory = randn(B, T, E, generator=g).to(dtype), randn(B, S, E, generator=g).to(dtype)  # (B, T, E), (B, S, E)
+        if name.endswith(f"on {device}"):
+            layer, x, memory, memory_padding = layer.to(device), x.to(device), memory.to(device), memory_padding.to(device)
         what = (f"post_norm_decoder_layer(layer, h of shape (B, T, E) = {(B, T, E)}, memory of shape {(B, S, E)}, "
                 f"memory_padding with {name})")
         with torch.no_grad():
-            with forbidden(layer, reason="the layer's own forward is the pre-norm wiring; use its sub-modules"):
+            with forbidden(layer, reason="the layer's own forward is the pre-norm wiring; use its sub-modules"), \
+                    forbidden(*_LIBRARY_LAYERS, reason="this exercise asks you to wire the layer's own sub-modules "
+                                                       "yourself, not to hand them to a library layer"):
                 got = call(post_norm_decoder_layer, layer, x, memory, memory_padding)
             reference = _post_norm_reference(layer, x, memory, memory_padding)
             wirings = _wirings(layer, x, memory, memory_padding)
         if isinstance(got, (tuple, list)):
             raise Mismatch(f"{what}: return only the layer's output tensor (B, T, E), not a {type(got).__name__}")
         got = expect_tensor(got, what=what, shape=(B, T, E), dtype="float", device=x)
-        if torch.allclose(got.detach().float(), reference, atol=1e-5, rtol=1e-4):
+        expect(got.dtype == dtype, f"{what}: your result is {got.dtype} but the inputs and the layer are {dtype}: "
+                                   "keep the inputs' dtype (no .double(), .float() or .half() on the way)")
+        atol, rtol = tolerance(dtype)
+
+        def same(a, b):
+            return torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(), atol=atol, rtol=rtol)
+        if same(got, reference):
             continue
         for wiring, message in _WIRING_MESSAGES.items():
-            if wiring in wirings and torch.allclose(got.detach().float(), wirings[wiring], atol=1e-5, rtol=1e-4) \
-                    and not torch.allclose(wirings[wiring], reference, atol=1e-5, rtol=1e-4):
+            if wiring in wirings and same(got, wirings[wiring]) and not same(wirings[wiring], reference):
                 raise Mismatch(f"{what}: {message}")
-        if torch.allclose(got.detach().float(), x):
+        if same(got, x):
             raise Mismatch(f"{what}: the output equals the input: apply the three sub-layers")
         expect_close(got, reference, what=f"{what}: the output (compared with DecoderLayer(norm_first=False) holding the "
                                           "same weights)")
-    return ("your post-norm wiring gives exactly what DecoderLayer(norm_first=False) gives with the same weights, at "
-            "every size and padding tried: the original Transformer's layer.")
+    return ("your post-norm wiring gives what DecoderLayer(norm_first=False) gives with the same weights (to rounding), "
+            "at every size, padding and dtype tried: the original Transformer's layer.")

@@ -8,9 +8,9 @@ The chapter's sections, one module each (every public name is importable from he
     training.py     section 4  train_step (one step of teacher forcing), train (the whole run) and
                                fine_tune (more steps for a trained model, exercise 1)
     decoding.py     sections 5-6  translate (greedy or sampled, with attention maps), evaluate,
-                                  beam_search and beam_translate (exercise 3)
+                                  beam_search, beam_translate and sequence_log_probs (exercise 3)
     analysis.py     sections 6-7  reading the attention maps: word_attention, alignment_scores,
-                                  entropy_share, attention_grid
+                                  reordering_scores, entropy_share, word_start_entropy, attention_grid
     checkpoints.py  save_checkpoint, load_checkpoint
     cli.py          the command line (``python -m attn_course.translator``)
 
@@ -27,11 +27,11 @@ Command line (``python -m attn_course.translator --help``)::
 
 from __future__ import annotations
 
-from .analysis import (alignment_scores, attention_grid, entropy_share, visible_spaces, word_attention,
-                       word_dictionary, word_ticks, words_of)
+from .analysis import (alignment_scores, attention_grid, entropy_share, reordering_scores, visible_spaces,
+                       word_attention, word_dictionary, word_start_entropy, word_ticks, words_of)
 from .checkpoints import load_checkpoint, save_checkpoint
 from .cli import main
-from .decoding import beam_search, beam_translate, evaluate, next_char_log_probs, translate
+from .decoding import beam_search, beam_translate, evaluate, next_char_log_probs, sequence_log_probs, translate
 from .language import (
     ARTICLES,
     DEFAULT_LEXICON,
@@ -71,13 +71,16 @@ __all__ = [
     "translate",
     "evaluate",
     "next_char_log_probs",
+    "sequence_log_probs",
     "beam_search",
     "beam_translate",
     "words_of",
     "word_attention",
     "word_dictionary",
     "alignment_scores",
+    "reordering_scores",
     "entropy_share",
+    "word_start_entropy",
     "word_ticks",
     "visible_spaces",
     "attention_grid",

@@ -13,7 +13,10 @@ and wrote ``target[t]``.
 - :func:`alignment_scores` counts, per layer and head, how often that table points at the English
   word that the French word translates, and what uniform attention would score on the same words
   (the metric's chance level: summing over a word's characters favours long words);
+- :func:`reordering_scores` counts, per head, how often it tells a noun from the adjective that
+  French puts after it (the noun's step on the noun, the adjective's on the adjective);
 - :func:`entropy_share` measures how even a head's rows are (1 = a plain average);
+  :func:`word_start_entropy` splits that between the steps that start a word and the others;
 - :func:`word_ticks`, :func:`visible_spaces` and :func:`attention_grid` draw the maps legibly.
 """
 
@@ -27,8 +30,8 @@ from .._checks import describe
 from .language import DEFAULT_LEXICON, Lexicon
 from .vocab import CharVocab
 
-__all__ = ["words_of", "word_attention", "word_dictionary", "alignment_scores", "entropy_share", "word_ticks",
-           "visible_spaces", "attention_grid"]
+__all__ = ["words_of", "word_attention", "word_dictionary", "alignment_scores", "reordering_scores", "entropy_share",
+           "word_start_entropy", "word_ticks", "visible_spaces", "attention_grid"]
 
 
 def _symbols(name: str, symbols) -> list[str]:
@@ -97,10 +100,12 @@ def word_dictionary(lexicon: Lexicon = DEFAULT_LEXICON) -> dict[str, str]:
 def alignment_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON) -> dict:
     """How often each cross-attention head points at the right English word, and what chance gives.
 
-    For every French noun, verb and adjective of every sentence (articles are left out: *le* has no
-    single English word), the step that writes the word's first letter is read with
-    :func:`word_attention`, and the English word with the most attention counts as the head's
-    choice. Give only maps of correct translations: the grammar then says which word is right.
+    For every French noun, verb and adjective of every sentence, the step that writes the word's first
+    letter is read with :func:`word_attention`, and the English word with the most attention counts as
+    the head's choice. Give only maps of correct translations: the grammar then says which word is
+    right. Articles are left out: their form depends on the noun too, *l'* is written fused with the
+    noun as one word, and *the* often occurs twice in a sentence, so which English word is right for
+    them is not clear-cut.
 
     Args:
         maps: attention dicts of ``translate(..., return_attention=True)``.
@@ -142,6 +147,87 @@ def alignment_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON
     if total == 0:
         raise ValueError("maps hold no French noun, verb or adjective of the lexicon to score")
     return {"heads": hits / total, "total": total, "uniform": uniform_hits / total}
+
+
+def reordering_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON) -> dict:
+    """Per head: how often it tells a noun from the adjective that French puts after it.
+
+    For every French noun followed by its post-nominal adjective (*chien noir*, where English has *black
+    dog*), the head's choice is read as in :func:`alignment_scores` at the step that writes the noun's
+    first letter and at the step that writes the adjective's. The head *separates* the two when the
+    first points at the English noun and the second at the English adjective. Uniform attention never
+    does: both of its rows choose the same English word (the longest).
+
+    Args:
+        maps: attention dicts of correct translations (``translate(..., return_attention=True)``).
+        lexicon: the words.
+
+    Returns:
+        A dict with ``"both"``, ``"noun"`` and ``"adjective"``, ``(layers, H + 1)`` tensors of shares
+        (the last column is the mean of the layer's heads): both steps right, the noun's step right, the
+        adjective's step right; ``"total"``, the number of such phrases; and ``"uniform"``, the share
+        that uniform attention separates (0).
+    """
+    if isinstance(maps, dict) or not isinstance(maps, (list, tuple)) or not maps:
+        raise ValueError(f"maps must be a non-empty list of attention dicts, got {describe(maps)}")
+    dictionary = word_dictionary(lexicon)
+    after = {form for masculine, feminine, position in lexicon.adjectives.values() if position == "after"
+             for form in (masculine, feminine)}
+    layers, heads = maps[0]["cross"].shape[:2]
+    counts = {key: torch.zeros(layers, heads + 1) for key in ("both", "noun", "adjective")}
+    uniform_both, total = 0, 0
+    for attention in maps:
+        target, source = attention["target"], attention["source"]
+        words = [word.split("'")[-1] for word, _, _ in words_of(target)]  # l'orange -> orange
+        phrases = [(i, i + 1) for i in range(len(words) - 1)
+                   if dictionary.get(words[i]) in lexicon.nouns and words[i + 1] in after]
+        if not phrases:
+            continue
+        total += len(phrases)
+
+        def right(table, english_words, i):
+            return english_words[int(table[i].argmax())] == dictionary[words[i]]
+        uniform = torch.full((len(target), len(source)), 1.0 / len(source))
+        table, _, english_words = word_attention(uniform, target, source)
+        uniform_both += sum(right(table, english_words, i) and right(table, english_words, j) for i, j in phrases)
+        for layer in range(layers):
+            for head in range(heads + 1):
+                weights = attention["cross"][layer].mean(dim=0) if head == heads else attention["cross"][layer, head]
+                table, _, english_words = word_attention(weights, target, source)
+                for i, j in phrases:
+                    noun, adjective = right(table, english_words, i), right(table, english_words, j)
+                    counts["noun"][layer, head] += noun
+                    counts["adjective"][layer, head] += adjective
+                    counts["both"][layer, head] += noun and adjective
+    if total == 0:
+        raise ValueError("maps hold no French noun followed by a post-nominal adjective")
+    return {**{key: value / total for key, value in counts.items()}, "total": total, "uniform": uniform_both / total}
+
+
+def word_start_entropy(maps: Sequence[dict]) -> dict:
+    """The cross-attention's :func:`entropy_share` at the steps that write a word's first letter, and at
+    the other steps (the rest of each word, the spaces and the end symbol), averaged over the maps.
+
+    Returns:
+        A dict with ``"first"`` and ``"other"``, ``(layers, H)`` tensors.
+
+    Shape:
+        each map's ``"cross"`` ``(layers, H, T, S)`` -> ``(layers, H)`` twice
+    """
+    if isinstance(maps, dict) or not isinstance(maps, (list, tuple)) or not maps:
+        raise ValueError(f"maps must be a non-empty list of attention dicts, got {describe(maps)}")
+    first, other = [], []
+    for attention in maps:
+        cross = attention["cross"]  # (layers, H, T, S)
+        starts = torch.zeros(cross.size(2), dtype=torch.bool)
+        starts[[t0 for _, t0, _ in words_of(attention["target"])]] = True
+        if cross.size(-1) < 2 or not bool(starts.any()) or bool(starts.all()):
+            continue
+        first.append(entropy_share(cross[:, :, starts]))  # (layers, H)
+        other.append(entropy_share(cross[:, :, ~starts]))
+    if not first:
+        raise ValueError("maps hold no translation with both first-letter steps and other steps")
+    return {"first": torch.stack(first).mean(0), "other": torch.stack(other).mean(0)}
 
 
 def entropy_share(weights: torch.Tensor, *, causal: bool = False) -> torch.Tensor:

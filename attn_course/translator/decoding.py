@@ -11,9 +11,9 @@ from ..caches import KVCache, cached_self_attention
 from ..transformer import Transformer
 from .model import Translator
 from .training import _check_pairs
-from .vocab import CharVocab
+from .vocab import CharVocab, pad_sequences
 
-__all__ = ["translate", "evaluate", "next_char_log_probs", "beam_search", "beam_translate"]
+__all__ = ["translate", "evaluate", "next_char_log_probs", "beam_search", "beam_translate", "sequence_log_probs"]
 
 
 def _decode_step_cached(transformer: Transformer, new_tokens: torch.Tensor, memory: torch.Tensor,
@@ -292,3 +292,37 @@ def beam_translate(model: Translator, english: str, beam_width: int = 2, max_new
     check_positive_int("max_new_tokens", max_new_tokens)
     ids = beam_search(next_char_log_probs(model, english), beam_width, max_new_tokens)
     return model.target_vocab.decode(ids)
+
+
+@torch.no_grad()
+def sequence_log_probs(model: Translator, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
+    """The model's log-probability of each French sentence given its English one, end symbol included.
+
+    One teacher-forced pass per batch: ``log p(french | english) = sum_t log p(y_(t+1) | y_(<=t), english)``
+    over the French characters and the end symbol, the score that :func:`beam_search` ranks by. Comparing
+    the reference with what decoding wrote tells a search error (the model prefers the reference, the
+    search missed it) from a model error (the model prefers the wrong sentence; no search can help).
+
+    Args:
+        model: a trained :class:`Translator`.
+        pairs: ``(english, french)`` pairs; the French may be any string of known characters.
+
+    Returns:
+        A float64 tensor ``(len(pairs),)`` on the CPU.
+    """
+    if not isinstance(model, Translator):
+        raise TypeError(f"model must be a Translator (as train() returns), got {describe(model)}")
+    _check_pairs(pairs)
+    device = next(model.parameters()).device
+    src = model.encode_sources([english for english, _ in pairs]).to(device)  # (N, S)
+    targets = [model.target_vocab.encode(french, add_start=True, add_end=True) for _, french in pairs]
+    tgt = pad_sequences(targets, device=device)  # (N, T + 1): <s> ... </s>, padded
+    was_training = model.training
+    model.eval()
+    try:
+        logits, _ = model.transformer(src, tgt[:, :-1])  # (N, T, V)
+    finally:
+        model.train(was_training)
+    labels = tgt[:, 1:]  # (N, T)
+    log_p = torch.log_softmax(logits.double(), dim=-1).gather(-1, labels[..., None])[..., 0]  # (N, T)
+    return log_p.masked_fill(labels.eq(CharVocab.pad_id), 0.0).sum(-1).cpu()  # (N,)

@@ -6,8 +6,10 @@
   a few precede it (*the small cat* -> *le petit chat*);
 - articles and adjectives agree with the noun's gender (*the* -> *le*, *la* or *l'*; *green* ->
   *vert* or *verte*; *white* -> *blanc* or *blanche*), so one English word has several French spellings;
-- elision: *le* and *la* become *l'* before a vowel (accented or not: *école*, *île*, *âne*, *œuf*) or
-  a mute h (*l'homme*), but not when an adjective comes between (*the big tree* -> *le grand arbre*).
+- elision: *le* and *la* become *l'* when the word right after the article starts with a vowel
+  (accented or not: *école*, *île*, *âne*, *œuf*) or a mute h (*l'homme*); that word may be an
+  adjective, so *the big tree* is *le grand arbre* (*grand* starts with a consonant) while an
+  adjective that starts with a vowel elides itself (*l'ancienne école*, not in the lexicon).
   French does not elide before an aspirated h (*le héros*) or a consonant y (*le yaourt*); which h
   is aspirated is a property of each word, not of its spelling, and the lexicon's only h-noun,
   *homme*, has a mute one, so the rule here elides before every h and never before y.
