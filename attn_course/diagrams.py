@@ -2030,7 +2030,8 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
     Default: X is down-projected to one latent c_KV per token, which is up-projected to every head's
     keys and values; a decoupled rotary key k_R, one per token and shared by the heads, is appended to
     each head's key. Only c_KV and k_R are cached. ``absorbed=True`` draws the inference form: W_UK is
-    folded into the queries and W_UV into the output, so attention reads the latent directly.
+    folded into the queries, attention scores and averages the latents directly, and each head's W_UV is applied
+    to its averaged latents before W_O (as ``MultiHeadLatentAttention.forward_cached(absorb=True)`` does).
 
     Args:
         L: tokens. E: model width. H: heads. d_c: latent width. d_h: head width. d_r: rotary key width.
@@ -2074,7 +2075,7 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
                                                              (c.x1 + 0.35, v.center[1])], label="@ W_UV",
                     label_on="last")
             d.arrow(kr.right, (k.x0 + d.ext(d_h) + 0.02, k.y1), via=[(k.x0 + d.ext(d_h) + 0.02, kr.center[1])],
-                    label="copied to\nevery head", label_on=0, label_at="below")
+                    label="shared by\nevery head", label_on=0, label_at="below")
             q = d.block((k.x1 + f + 0.45 + d.ext(d_h + d_r) / 2, k.center[1]), L, d_h + d_r, role="query", name="Q",
                         depth=H, shape=shp("H", "L", "d_h+d_r"), shape_at="right",
                         cells=[[PALETTE["query"]] * min(d_h, CAP) + [PALETTE["position"]] * min(d_r, CAP)]
@@ -2088,12 +2089,13 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
                     f"latent c_KV {shp.alt('L', 'd_c')} and by W_KR to a rotary key k_R {shp.alt('L', 'd_r')}, rotated "
                     f"by position; only these two are cached, {d_c + d_r} numbers per token and layer. W_UK "
                     f"up-projects the latent to each head's keys and W_UV to its values V {shp.alt('H', 'L', 'd_h')}; "
-                    f"k_R is copied to every head and appended to its keys, K {shp.alt('H', 'L', 'd_h+d_r')}; "
+                    f"k_R, shared by every head, is appended to each head's keys, K {shp.alt('H', 'L', 'd_h+d_r')}; "
                     "attention then runs in each head with the queries.")
         qt = d.block((x2 + d.ext(d_c) / 2, c.center[1] - 0.55 - f - d.ext(L)), L, d_c, role="query", name="Q̃",
                      depth=H, shape=shp("H", "L", "d_c"), shape_at="right")
         d.text(qt.x0 - 0.12, qt.center[1], "queries with\nW_UK folded in", ha="right")
-        sc = d.op((x2 + 0.35, c.center[1]), "Q̃ c_KVᵀ + q_R k_Rᵀ")
+        scale = f"√({shp.sym('d_h')} + {shp.sym('d_r')})"
+        sc = d.op((x2 + 0.35, c.center[1]), f"(Q̃ c_KVᵀ + q_R k_Rᵀ)\n÷ {scale}")
         d.arrow(qt.bottom, (qt.center[0], sc.y0))
         d.arrow(c.right, sc.left)
         d.arrow(kr.right, (sc.x0 + 0.25, sc.y1), via=[(sc.x0 + 0.25, kr.center[1])], label="with q_R",
@@ -2102,17 +2104,23 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
         d.arrow(sc.right, soft.left)
         av = d.op((soft.center[0], kr.center[1]), "@ c_KV")
         d.arrow(soft.bottom, av.top)
-        out = d.block((av.x1 + 0.35 + d.ext(d_c) / 2, av.center[1]), L, d_c, role="output", name="", depth=H,
+        out = d.block((av.x1 + 0.35 + d.ext(d_c) / 2, av.center[1]), L, d_c, role="state", name="C̄", depth=H,
                       shape=shp("H", "L", "d_c"), shape_at="above")
         d.arrow(av.right, out.left)
-        fold = d.op((out.center[0], out.y1 + 0.45), "@ W_UV W_O (folded)")
-        d.arrow(out.bottom, fold.top)
+        up = d.op((out.center[0], out.y1 + 0.5), "@ W_UV,i\nin each head")
+        d.arrow(out.bottom, up.top)
+        o = d.block((up.center[0], up.y1 + 0.35 + f + d.ext(L) / 2), L, d_h, role="value", name="O", depth=H,
+                    shape=shp("H", "L", "d_h"), shape_at="left")
+        d.arrow(up.bottom, o.top)
+        wo = d.op((o.center[0], o.y1 + 0.45), "concat, @ W_O")
+        d.arrow(o.bottom, wo.top)
         return (f"Diagram of multi-head latent attention with the up-projections absorbed, as at inference: the cache "
                 f"holds the latent c_KV {shp.alt('L', 'd_c')} and the rotary key k_R {shp.alt('L', 'd_r')}; W_UK is "
                 f"folded into the queries, Q̃ {shp.alt('H', 'L', 'd_c')}, so each head's scores are Q̃ c_KVᵀ plus the "
-                "rotary part q_R k_Rᵀ; after the softmax the weights multiply c_KV itself, giving "
-                f"{shp.alt('H', 'L', 'd_c')}, and W_UV is folded into the output projection W_O. No per-head key or "
-                "value is ever built.")
+                f"rotary part q_R k_Rᵀ, divided by the square root of d_h + d_h^R; after the softmax the weights "
+                f"average c_KV itself, giving each head's averaged latents C̄ {shp.alt('H', 'L', 'd_c')}; only then "
+                f"does each head's block of W_UV map them to its output O {shp.alt('H', 'L', 'd_h')}, and the heads' "
+                "outputs side by side go through W_O. No key or value is built for a cached token.")
 
     return _fit(draw)
 
