@@ -591,6 +591,7 @@ def gqa_decoding(
     warmup: int = 2,
     repeats: int = 7,
     seed: int = 0,
+    backend: str = "sdpa",
 ) -> list[GQADecodingResult]:
     """Time one cached decoding step of :class:`~attn_course.GroupedQueryAttention` (one new token
     per sequence, ``context`` tokens already cached) for each number of key/value heads.
@@ -599,7 +600,9 @@ def gqa_decoding(
     num_heads`` (always included), is multi-head attention, the baseline of the ratios. The variants
     are timed in turns (one step of each per round) and the median over the rounds is reported.
     ``cache_bytes_per_token`` is the cache's memory divided by the tokens it holds (all of
-    ``context + 1``, or the ``window`` kept when a window is given).
+    ``context + 1``, or the ``window`` kept when a window is given). ``backend`` is the module's:
+    ``"sdpa"`` (PyTorch's fused kernel with ``enable_gqa=True``) or ``"reference"`` (the package's
+    explicit softmax, the query heads of each group folded into one axis).
     """
     for name, value in (("batch_size", batch_size), ("context", context), ("embed_dim", embed_dim),
                         ("num_heads", num_heads), ("repeats", repeats)):
@@ -608,7 +611,7 @@ def gqa_decoding(
     device = get_device() if device is None else torch.device(device)
     heads = [num_heads] + [g for g in kv_heads if g != num_heads]
     torch.manual_seed(seed)
-    modules = {g: GroupedQueryAttention(embed_dim, num_heads, g, window=window, backend="sdpa").to(device=device, dtype=dtype).eval()
+    modules = {g: GroupedQueryAttention(embed_dim, num_heads, g, window=window, backend=backend).to(device=device, dtype=dtype).eval()
                for g in heads}
     prompt = torch.randn(batch_size, context, embed_dim, device=device, dtype=dtype)  # (B, context, E)
     new_token = torch.randn(batch_size, 1, embed_dim, device=device, dtype=dtype)  # (B, 1, E)

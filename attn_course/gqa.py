@@ -19,9 +19,14 @@ Shapes: ``B`` batch, ``H`` query heads, ``G`` key/value heads (``num_kv_heads``)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ._checks import check_bool, check_positive_int, check_probability, check_tensor, describe
 from .alibi import alibi_bias
@@ -31,7 +36,7 @@ from .multihead import BACKENDS, MultiHeadAttention
 from .rotary import RotaryEmbedding
 from .scaled import _attention_weights, scaled_dot_product_attention
 
-__all__ = ["GroupedQueryAttention", "grouped_attention", "RollingKVCache"]  # RollingKVCache lives in attn_course.caches
+__all__ = ["GroupedQueryAttention", "grouped_attention", "kv_copies", "KVCopy", "RollingKVCache"]  # RollingKVCache lives in attn_course.caches
 
 
 def _and_allowed(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
@@ -86,8 +91,8 @@ class GroupedQueryAttention(nn.Module):
             interleaved layout) by their positions.
         rope_base: the rotary frequency base.
         alibi: add the ALiBi bias of :func:`~attn_course.alibi_bias` to the scores.
-        backend: ``"reference"`` (:func:`attn_course.scaled_dot_product_attention`, the groups
-            broadcast without copying keys) or ``"sdpa"`` (PyTorch's fused kernel with
+        backend: ``"reference"`` (:func:`attn_course.scaled_dot_product_attention` on the query heads
+            of each group folded into one axis, so that no key or value is copied per query head) or ``"sdpa"`` (PyTorch's fused kernel with
             ``enable_gqa=True``; the weights are computed separately when ``need_weights=True``).
 
     Mask convention (as :class:`~attn_course.MultiHeadAttention` and ``nn.MultiheadAttention``): a
@@ -307,7 +312,9 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
             (the convention of ``F.scaled_dot_product_attention``), or float to add to the scores.
         dropout_p: dropout on the weights (pass 0.0 at evaluation time).
         backend: ``"reference"`` (:func:`~attn_course.scaled_dot_product_attention`, the weights
-            computed explicitly) or ``"sdpa"`` (PyTorch's fused kernel).
+            computed explicitly, with the ``H/G`` query heads of each group folded into the query axis,
+            ``(B, G, H/G * L, Dk)``, so that no key or value is copied per query head) or ``"sdpa"``
+            (PyTorch's fused kernel with ``enable_gqa=True``).
         need_weights: also return the weights.
         scale: factor on the scores; defaults to ``1/sqrt(Dk)``.
 
@@ -341,17 +348,18 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
             context = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
                                                      attn_mask=mask, dropout_p=dropout_p, scale=scale)  # (B, H, L, Dv)
         if need_weights:
-            weights = _attention_weights(q.view(B, G, group, L, Dk), k[:, :, None], _grouped(mask, B, G, group),
-                                         False, scale).reshape(B, H, L, S)
+            weights = _attention_weights(_fold(q, G), k, _fold_mask(mask, G, group), False, scale).view(B, H, L, S)
     else:
-        # Put the query heads of one group on their own axis; the group's one key/value head
-        # broadcasts over it (no copy): (B, G, group, L, Dk) against (B, G, 1, S, Dk).
-        q_grouped = q.view(B, G, group, L, Dk)  # (B, H, L, Dk) -> (B, G, H/G, L, Dk)
+        # The query heads of one group stand in line as group * L queries of the group's one
+        # key/value head: (B, G, H/G * L, Dk) against (B, G, S, Dk), ordinary batched matrix products
+        # in which no key or value is copied. (Broadcasting (B, G, H/G, L, Dk) against (B, G, 1, S, Dk)
+        # would give the same numbers, but torch.matmul implements that broadcast by copying the key
+        # head for every query head of its group.)
         context, weights = scaled_dot_product_attention(
-            q_grouped, k[:, :, None], v[:, :, None], attn_mask=_grouped(mask, B, G, group), dropout_p=dropout_p, scale=scale
-        )  # (B, G, H/G, L, Dv), (B, G, H/G, L, S)
-        context = context.reshape(B, H, L, Dv)  # (B, G, H/G, L, Dv) -> (B, H, L, Dv)
-        weights = weights.reshape(B, H, L, S)
+            _fold(q, G), k, v, attn_mask=_fold_mask(mask, G, group), dropout_p=dropout_p, scale=scale
+        )  # (B, G, H/G*L, Dv), (B, G, H/G*L, S)
+        context = context.view(B, H, L, Dv)  # (B, G, H/G*L, Dv) -> (B, H, L, Dv): the heads of a group are consecutive
+        weights = weights.view(B, H, L, S)
     if empty_rows is not None:
         context = context.masked_fill(empty_rows, 0.0)
         if weights is not None:
@@ -359,16 +367,167 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return context, (weights if need_weights else None)
 
 
-def _grouped(mask: torch.Tensor | None, B: int, G: int, group: int) -> torch.Tensor | None:
-    """A mask broadcastable to ``(B, H, L, S)`` reshaped to broadcast to ``(B, G, H/G, L, S)``."""
+def _fold(q: torch.Tensor, G: int) -> torch.Tensor:
+    """Queries ``(B, H, L, D)`` as ``(B, G, H/G * L, D)``: the ``H/G`` heads of each group, one after the other."""
+    B, H, L, D = q.shape
+    return q.reshape(B, G, (H // G) * L, D)  # a view when the heads are contiguous; at most one copy of q
+
+
+def _fold_mask(mask: torch.Tensor | None, G: int, group: int) -> torch.Tensor | None:
+    """A mask broadcastable to ``(B, H, L, S)`` as one broadcastable to the folded ``(B, G, H/G * L, S)``."""
     if mask is None:
         return None
     while mask.dim() < 4:
         mask = mask[None]  # (..., L, S) -> (1, ..., L, S)
     b, h, L, S = mask.shape
     if h == 1:
-        return mask[:, :, None]  # (b, 1, 1, L, S)
-    return mask.reshape(b, G, group, L, S)  # (b, H, L, S) -> (b, G, H/G, L, S)
+        if L == 1 or group == 1:
+            return mask  # (b, 1, L, S) broadcasts as it is: one head per group, or one row for every query
+        return mask.expand(b, 1, group, L, S).reshape(b, 1, group * L, S)  # the L rows repeated for each head of a group
+    return mask.reshape(b, G, group * L, S)  # (b, H, L, S) -> (b, G, H/G * L, S), a view
 
 
 _ENABLE_GQA = _enable_gqa_supported()
+
+
+# -- which operations copy the keys and values per query head -----------------------------------------
+@dataclass(frozen=True)
+class KVCopy:
+    """One operation that wrote more numbers taken from the keys and values than they hold.
+
+    Attributes:
+        of: ``"keys"``, ``"values"`` or ``"keys and values"``: whose numbers it wrote.
+        function: the torch function the code called (``"torch.matmul"``, ``"Tensor.__getitem__"``, ...).
+        op: the aten operation that PyTorch ran for it (``"aten.clone"``, ``"aten.index"``, ...).
+        shape: the shape of what it wrote.
+        numbers: how many numbers it wrote (or, for a buffer filled piece by piece, the buffer holds).
+        source: how many distinct numbers of the keys and values it read them from.
+    """
+
+    of: str
+    function: str
+    op: str
+    shape: tuple
+    numbers: int
+    source: int
+
+
+_DATALESS = {"new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "empty_like", "zeros_like",
+             "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _distinct(t: torch.Tensor) -> int:
+    """How many different memory locations a tensor view reads (a broadcast axis, stride 0, counts once)."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n
+
+
+def _function_name(func) -> str:
+    name = getattr(func, "__name__", repr(func))
+    qualname = getattr(func, "__qualname__", name)
+    if qualname.startswith("TensorBase.") or qualname.startswith("Tensor."):
+        return "Tensor." + name
+    if name == "__matmul__":
+        return "torch.matmul"
+    module = getattr(func, "__module__", None) or "torch"
+    return f"{module if module.startswith('torch') else 'torch'}.{name}"
+
+
+class _OuterFunction(TorchFunctionMode):
+    """Remembers the outermost torch function being run (what the user's code called)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth, self.current = 0, "?"
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.depth == 0:
+            self.current = _function_name(func)
+        self.depth += 1
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.depth -= 1
+
+
+class _Provenance(TorchDispatchMode):
+    """Follows which storages hold numbers derived from the queries, the keys or the values (and nothing
+    else), and records the operations that write keys or values, unmixed with queries, into more numbers
+    than they were read from (a broadcast made real, a gather, a per-head copy), and the buffers filled
+    with more key/value numbers than ``group`` copies of their sources would hold."""
+
+    def __init__(self, sources: dict[str, torch.Tensor], group: int, outer: _OuterFunction) -> None:
+        super().__init__()
+        self.labels: dict[int, frozenset] = {}
+        self.sizes = {name: t.numel() for name, t in sources.items()}
+        self.group, self.outer, self.copies, self.alive, self.flagged = group, outer, [], [], set()
+        for name, t in sources.items():
+            self.labels[_storage_key(t)] = self.labels.get(_storage_key(t), frozenset()) | {name}
+
+    def _of(self, key: int) -> str:
+        return " and ".join(name for name in ("keys", "values") if name in self.labels[key])
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.numel() > 0]
+        labels = frozenset().union(*(self.labels.get(_storage_key(t), frozenset()) for t in inputs))
+        name = func.overloadpacket.__name__
+        if not labels or name in _DATALESS:
+            return out
+        in_storages = {_storage_key(t) for t in inputs}
+        kv = frozenset(label for label in labels if label != "queries")
+        for t in (t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.numel() > 0):
+            key = _storage_key(t)
+            self.labels[key] = self.labels.get(key, frozenset()) | labels
+            self.alive.append(t)  # keeps the storage, so that its address is not reused during the run
+            if "queries" in self.labels[key] or key in self.flagged:
+                continue
+            views = {(_storage_key(x), x.storage_offset(), tuple(x.shape), x.stride()): x for x in inputs
+                     if self.labels.get(_storage_key(x), frozenset()) & kv}
+            source = sum(_distinct(x) for x in views.values())
+            stored = t.untyped_storage().nbytes() // t.element_size()
+            if key not in in_storages and t.numel() > source:  # more numbers out than distinct numbers in
+                self.flagged.add(key)
+                self.copies.append(KVCopy(self._of(key), self.outer.current, f"aten.{name}", tuple(t.shape), t.numel(),
+                                          source))
+            elif key in in_storages and func._schema.is_mutable and self.group > 1 and \
+                    stored >= self.group * sum(self.sizes[label] for label in self.labels[key]):
+                self.flagged.add(key)  # a buffer written piece by piece until it holds a copy per query head
+                self.copies.append(KVCopy(self._of(key), self.outer.current, f"aten.{name}", tuple(t.shape), stored,
+                                          sum(self.sizes[label] for label in self.labels[key])))
+        return out
+
+
+def kv_copies(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs):
+    """Run ``fn(q, k, v, *args, **kwargs)`` and list the operations that copied keys or values per query head.
+
+    Every operation PyTorch runs (at the level of its aten kernels, so also inside ``torch.matmul``) is
+    followed: an operation whose result is made of key or value numbers alone (no query mixed in yet)
+    and holds more numbers than it read, as a broadcast made real, an index that repeats heads or a
+    ``repeat_interleave`` does, is a copy; so is a buffer filled until it holds the keys or values
+    ``H / G`` times over. Views (``expand``, ``[:, :, None]``, ``transpose``), and one copy of the keys
+    or values at their own size (``contiguous``, ``double``), are not.
+
+    Returns:
+        ``(result, copies)``: what ``fn`` returned and a list of :class:`KVCopy`, empty when no key or
+        value was copied per query head.
+
+    Shape:
+        q: ``(B, H, L, D)``; k, v: ``(B, G, S, D)``.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+    group = max(1, q.size(1) // max(1, k.size(1))) if q.dim() == k.dim() == 4 else 1
+    outer = _OuterFunction()
+    watch = _Provenance({"queries": q, "keys": k, "values": v}, group, outer)
+    with outer, watch:
+        result = fn(q, k, v, *args, **kwargs)
+    return result, watch.copies

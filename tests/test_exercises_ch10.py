@@ -33,16 +33,22 @@ def cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_p
 
 
 def grouped_attention(q, k, v, *, mistake=None):
-    """The broadcast form (no copies): the queries of a group on their own axis."""
+    """The folded form (no copies): the query heads of a group in line along the query axis."""
     B, H, L, D = q.shape
     G = k.size(1)
+    n = H // G
     if mistake == "tile":  # query head h reads key/value head h % G, by indexing
         owner = torch.arange(H) % G
         return grouped_attention_index(q, k, v, owner)
     if mistake == "h // G":  # the number of groups taken for the group size
         return grouped_attention_index(q, k, v, torch.arange(H) // G)
-    qg = q.view(B, G, H // G, L, D)  # (B, G, H/G, L, D)
-    scores = qg @ k[:, :, None].transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(D))  # (B, G, H/G, L, L)
+    if mistake == "broadcast":  # the group axis broadcast in the matmul: torch.matmul copies k and v per head
+        qg = q.view(B, G, n, L, D)  # (B, G, H/G, L, D)
+        scores = qg @ k[:, :, None].transpose(-2, -1) / math.sqrt(D)  # (B, G, H/G, L, L)
+        scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        return (scores.softmax(dim=-1) @ v[:, :, None]).reshape(B, H, L, D)
+    folded = q.reshape(B, G, n * L, D)  # (B, G, H/G * L, D)
+    scores = (folded @ k.transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(D))).view(B, G, n, L, L)
     if mistake != "no mask":
         allowed = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1 if mistake == "no diagonal" else 0)
         scores = scores.masked_fill(~allowed, float("-inf"))
@@ -50,7 +56,27 @@ def grouped_attention(q, k, v, *, mistake=None):
         weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
     else:
         weights = scores.softmax(dim=-1)
-    return (weights @ v[:, :, None]).reshape(B, H, L, D)
+    return (weights.view(B, G, n * L, L) @ v).view(B, H, L, D)
+
+
+def grouped_attention_folded_mask(q, k, v):
+    """Another way: the causal mask built for the folded axis, each head's rows 0 .. L - 1 in turn."""
+    B, H, L, D = q.shape
+    G = k.size(1)
+    scores = q.reshape(B, G, H // G * L, D) @ k.transpose(-2, -1) / math.sqrt(D)  # (B, G, H/G * L, L)
+    rows = torch.arange(H // G * L, device=q.device) % L  # the position of each folded query
+    allowed = torch.arange(L, device=q.device)[None, :] <= rows[:, None]  # (H/G * L, L)
+    return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).view(B, H, L, D)
+
+
+def grouped_attention_loop_heads(q, k, v):
+    """Another way: a loop over query heads, each reading its key/value head as it is (a view, no copy)."""
+    B, H, L, D = q.shape
+    n = H // k.size(1)
+    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    heads = [(q[:, h] @ k[:, h // n].transpose(-2, -1) / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1)
+             @ v[:, h // n] for h in range(H)]
+    return torch.stack(heads, dim=1)
 
 
 def grouped_attention_index(q, k, v, owner=None):
@@ -83,19 +109,83 @@ def grouped_attention_einsum(q, k, v):
     G = k.size(1)
     qg = q.view(B, G, H // G, L, D)
     scores = torch.einsum("bgqld,bgsd->bgqls", qg, k) / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), float("-inf"))
     return torch.einsum("bgqls,bgsd->bgqld", scores.softmax(-1), v).reshape(B, H, L, D)
 
 
 def grouped_attention_expand_view(q, k, v):
-    """Another way without a copy: expand (a view) the key/value heads over the group axis, then matmul."""
+    """expand (a view) the key/value heads over the group axis, then matmul: the matmul copies them."""
     B, H, L, D = q.shape
     G = k.size(1)
-    kg = k.unsqueeze(2).expand(B, G, H // G, L, D)  # a view: no copy
+    kg = k.unsqueeze(2).expand(B, G, H // G, L, D)  # a view: no copy yet
     vg = v.unsqueeze(2).expand(B, G, H // G, L, D)
     scores = q.view(B, G, H // G, L, D) @ kg.transpose(-2, -1) / math.sqrt(D)
     scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
     return (scores.softmax(-1) @ vg).reshape(B, H, L, D)
+
+
+def grouped_attention_contiguous_5d(q, k, v):
+    """The copy kept in 5-D: expand, then contiguous / clone (Hugging Face's repeat_kv without its reshape)."""
+    B, H, L, D = q.shape
+    G, n = k.size(1), H // k.size(1)
+    k5 = k[:, :, None].expand(B, G, n, L, D).contiguous()
+    v5 = v[:, :, None].expand(B, G, n, L, D).clone()
+    return _attend_5d(q.view(B, G, n, L, D), k5, v5).reshape(B, H, L, D)
+
+
+def _attend_5d(q5, k5, v5):
+    """Attention of (B, G, n, L, D) queries to keys and values of the same shape: no broadcast in the products."""
+    L, D = q5.size(-2), q5.size(-1)
+    scores = q5 @ k5.transpose(-2, -1) / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return scores.softmax(-1) @ v5
+
+
+def grouped_attention_index_transposed(q, k, v):
+    """Indexing the transposed keys: a copy per head of shape (B, H, D, L)."""
+    B, H, L, D = q.shape
+    owner = torch.arange(H) // (H // k.size(1))
+    scores = q @ k.transpose(-2, -1)[:, owner] / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return scores.softmax(-1) @ v[:, owner]
+
+
+def grouped_attention_index_scaled(q, k, v):
+    """Indexing keys scaled first: a copy per head that is not equal to the keys repeated."""
+    B, H, L, D = q.shape
+    owner = torch.arange(H) // (H // k.size(1))
+    scores = q @ (k / math.sqrt(D))[:, owner].transpose(-2, -1)
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return scores.softmax(-1) @ v[:, owner]
+
+
+def grouped_attention_buffer(q, k, v):
+    """A buffer of (B, H, L, D) filled head by head: a copy per head, written piece by piece."""
+    B, H, L, D = q.shape
+    n = H // k.size(1)
+    k_all, v_all = q.new_empty(B, H, L, D), q.new_empty(B, H, L, D)
+    for h in range(H):
+        k_all[:, h], v_all[:, h] = k[:, h // n], v[:, h // n]
+    return grouped_attention_index(q, k_all, v_all, torch.arange(H))
+
+
+def grouped_attention_loop_groups(q, k, v):
+    """A loop over groups whose matmul broadcasts the group's key/value head over its query heads: copies."""
+    B, H, L, D = q.shape
+    n = H // k.size(1)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    parts = [((q[:, g * n:(g + 1) * n] @ k[:, g:g + 1].transpose(-2, -1) / math.sqrt(D)).masked_fill(~causal, float("-inf"))
+              .softmax(-1) @ v[:, g:g + 1]) for g in range(k.size(1))]
+    return torch.cat(parts, dim=1)
+
+
+def grouped_attention_cpu_mask(q, k, v):
+    """The folded form with its mask made on the CPU (no device=): fails on a GPU."""
+    B, H, L, D = q.shape
+    G, n = k.size(1), H // k.size(1)
+    scores = (q.reshape(B, G, n * L, D) @ k.transpose(-2, -1) / math.sqrt(D)).view(B, G, n, L, L)
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return (scores.softmax(-1).view(B, G, n * L, L) @ v).view(B, H, L, D)
 
 
 def grouped_attention_expand_reshape(q, k, v):
@@ -117,10 +207,9 @@ def grouped_attention_cat(q, k, v):
 
 def grouped_attention_fixed_sizes(q, k, v):
     """Works only for the notebook's (B, H, L, D) = (2, 8, 6, 4) and G = 2."""
-    qg = q.reshape(2, 2, 4, 6, 4)
-    scores = qg @ k[:, :, None].transpose(-2, -1) / 2.0
+    scores = (q.reshape(2, 2, 24, 4) @ k.transpose(-2, -1) / 2.0).view(2, 2, 4, 6, 6)
     scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
-    return (scores.softmax(-1) @ v[:, :, None]).reshape(2, 8, 6, 4)
+    return (scores.softmax(-1).view(2, 2, 24, 6) @ v).view(2, 8, 6, 4)
 
 
 def grouped_attention_in_place(q, k, v):
@@ -159,18 +248,39 @@ def mean_pool_in_place(weight, num_heads, num_kv_heads):
     return mean_pool(weight, num_heads, num_kv_heads)
 
 
-def receptive_field(num_layers, window, seq_len, *, mistake=None):
-    if mistake == "layers x window":
-        return min(seq_len, num_layers * window)
+def receptive_field(windows, seq_len, *, mistake=None):
+    if mistake == "skip global":  # layers without a window add nothing
+        windows = [w for w in windows if w is not None]
+    if any(w is None for w in windows):
+        return int(seq_len)
+    if mistake == "sum of windows":
+        return min(seq_len, sum(windows))
     if mistake == "no clamp":
-        return num_layers * (window - 1) + 1
-    if mistake == "one layer":
-        return min(seq_len, window)
+        return sum(w - 1 for w in windows) + 1
+    if mistake == "last layer":
+        return min(seq_len, windows[-1])
     if mistake == "without itself":
-        return min(seq_len, num_layers * (window - 1))
+        return min(seq_len, sum(w - 1 for w in windows))
     if mistake == "mistral convention":
-        return min(seq_len, num_layers * window + 1)
-    return min(seq_len, num_layers * (window - 1) + 1)
+        return min(seq_len, sum(windows) + 1)
+    if mistake == "first window for all":
+        return min(seq_len, len(windows) * (windows[0] - 1) + 1)
+    return min(seq_len, sum(w - 1 for w in windows) + 1)
+
+
+def receptive_field_loop(windows, seq_len):
+    """Another way: walk down the stack, widening the reach layer by layer."""
+    reach = 1
+    for window in reversed(windows):
+        reach = seq_len if window is None else reach + window - 1
+    return int(np.minimum(reach, seq_len))
+
+
+def receptive_field_one_window(windows, seq_len):
+    """Section 4's formula with a single window for every layer: right only when all windows are equal."""
+    if any(w is None for w in windows):
+        return int(seq_len)
+    return min(seq_len, len(windows) * (windows[0] - 1) + 1)
 
 
 def read_in_order(buffer, seen, *, mistake=None):
@@ -207,9 +317,10 @@ def test_right_answers_pass():
     for feedback in (check_gqa_cache_bytes(cache_bytes),
                      check_gqa_cache_bytes(lambda *a: np.prod([2, *[x for x in a[:-1]]]) // a[3] * (a[3] if a[-1] is None else min(a[3], a[-1]))),
                      check_grouped_attention(grouped_attention), check_grouped_attention(grouped_attention_einsum),
-                     check_grouped_attention(grouped_attention_expand_view),
+                     check_grouped_attention(grouped_attention_folded_mask),
+                     check_grouped_attention(grouped_attention_loop_heads),
                      check_mean_pool_kv(mean_pool), check_mean_pool_kv(mean_pool_loop), check_receptive_field(receptive_field),
-                     check_receptive_field(lambda n, w, s: np.minimum(s, n * (w - 1) + 1)),
+                     check_receptive_field(receptive_field_loop),
                      check_rolling_read(read_in_order), check_rolling_read(read_in_order_index)):
         assert feedback.status == "correct", str(feedback)
         assert bool(feedback)
@@ -222,6 +333,11 @@ def test_an_answer_for_the_notebooks_sizes_only_fails_on_other_sizes():
 
 def test_float32_grouped_attention_passes():
     assert check_grouped_attention(lambda q, k, v: grouped_attention(q.float(), k.float(), v.float()))
+
+
+def test_a_float64_rolling_read_gets_feedback_not_a_crash():
+    feedback = check_rolling_read(lambda b, s: read_in_order(b, s).double())
+    assert feedback.status in ("correct", "incorrect"), str(feedback)
 
 
 # --- wrong answers say what is wrong -------------------------------------------------------------
@@ -255,6 +371,15 @@ def test_float32_grouped_attention_passes():
         (check_grouped_attention, grouped_attention_index, "made a copy of the keys"),
         (check_grouped_attention, grouped_attention_expand_reshape, "made a copy of the keys"),
         (check_grouped_attention, grouped_attention_cat, "made a copy of the keys"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="broadcast"),
+         "torch.matmul carries out such a broadcast by copying"),
+        (check_grouped_attention, grouped_attention_expand_view, "torch.matmul carries out such a broadcast by copying"),
+        (check_grouped_attention, grouped_attention_loop_groups, "torch.matmul carries out such a broadcast by copying"),
+        (check_grouped_attention, grouped_attention_contiguous_5d, "made a copy of the keys.*Tensor.contiguous"),
+        (check_grouped_attention, grouped_attention_index_transposed, "made a copy of the keys.*__getitem__"),
+        (check_grouped_attention, grouped_attention_index_scaled, "made a copy of the keys.*__getitem__"),
+        (check_grouped_attention, grouped_attention_buffer, "made a copy of the keys.*copy_"),
+        (check_grouped_attention, grouped_attention_cpu_mask, "works only with CPU tensors"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v).long(), "floating-point"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="sum"), "summed"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="strided"), "consecutive"),
@@ -262,18 +387,25 @@ def test_float32_grouped_attention_passes():
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="over width"), "differ"),
         (check_mean_pool_kv, mean_pool_in_place, "changed its input `weight` in place"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, 8, 2), "differ|expected shape|Your code raised"),
-        (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="layers x window"), "window - 1"),
-        (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="no clamp"), "start of the sequence"),
-        (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="one layer"), "one layer's view"),
-        (check_receptive_field, lambda n, w, s: float(receptive_field(n, w, s)), "return an int"),
-        (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="without itself"), "one short"),
-        (check_receptive_field, lambda n, w, s: receptive_field(n, w, s, mistake="mistral convention"), "Mistral paper"),
+        (check_receptive_field, lambda w, s: receptive_field(w, s, mistake="sum of windows"), "window - 1"),
+        (check_receptive_field, lambda w, s: receptive_field(w, s, mistake="no clamp"), "start of the sequence"),
+        (check_receptive_field, lambda w, s: receptive_field(w, s, mistake="last layer"), "one layer's view"),
+        (check_receptive_field, lambda w, s: float(receptive_field(w, s)), "return an int"),
+        (check_receptive_field, lambda w, s: receptive_field(w, s, mistake="without itself"), "one short"),
+        (check_receptive_field, lambda w, s: receptive_field(w, s, mistake="mistral convention"), "Mistral paper"),
+        (check_receptive_field, lambda w, s: receptive_field(w, s, mistake="skip global"), "without a window"),
+        (check_receptive_field, lambda w, s: receptive_field(w, s, mistake="first window for all"), "one layer's window"),
+        (check_receptive_field, receptive_field_one_window, "one layer's window for every layer"),
+        # the review's one-layer answer that forgets the sequence's end when the window is longer
+        (check_receptive_field, lambda w, s: (min(s, sum(x - 1 for x in w) + 1) if len(w) > 1 else w[0])
+         if None not in w else s, "start of the sequence"),
         (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="slot order"), "slot order"),
         (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="always window"), "only 3 positions were written"),
         (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="newest first"), "newest first"),
         (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="wrong sign"), "wrong way"),
         (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="one late"), "one slot too late"),
         (check_rolling_read, read_in_order_package, "you called attn_course"),
+        (check_rolling_read, lambda b, s: read_in_order(b, s).half(), "half|float16"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):

@@ -244,3 +244,52 @@ BAD_CALLS = [
 def test_bad_calls_raise_clear_errors(make_call, error, words):
     with pytest.raises(error, match=words):
         make_call()
+
+
+# -- no copy of the keys and values per query head ------------------------------------------------------
+_MASKS = {
+    "none": lambda B, H, L, S: None,
+    "causal (L, S)": lambda B, H, L, S: ac.causal_mask(L, S),
+    "padding (B, 1, 1, S)": lambda B, H, L, S: torch.arange(S).expand(B, 1, 1, S) < S - 1,
+    "alibi (1, H, L, S)": lambda B, H, L, S: ac.alibi_bias(H, L, S)[None],
+    "per head (B, H, L, S)": lambda B, H, L, S: torch.rand(B, H, L, S, generator=torch.Generator().manual_seed(0)) > 0.2,
+}
+
+
+@pytest.mark.parametrize("mask_name", list(_MASKS))
+@pytest.mark.parametrize("L", [1, 5])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_reference_backend_copies_no_key_or_value_per_query_head(mask_name, L, need_weights):
+    B, H, G, S, D = 2, 8, 2, 6, 4
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, n, T, D, generator=g) for n, T in ((H, L), (G, S), (G, S)))
+    mask = _MASKS[mask_name](B, H, L, S)
+    (context, weights), copies = ac.gqa.kv_copies(ac.gqa.grouped_attention, q, k, v, mask, need_weights=need_weights)
+    assert copies == []
+    # ... and the same numbers as attention to the keys and values copied per head
+    expected, expected_weights = ac.scaled_dot_product_attention(q, k.repeat_interleave(H // G, 1),
+                                                                 v.repeat_interleave(H // G, 1), attn_mask=mask)
+    torch.testing.assert_close(context, expected)
+    if need_weights:
+        torch.testing.assert_close(weights, expected_weights)
+
+
+def test_kv_copies_names_the_broadcasting_matmul_and_explicit_copies():
+    B, H, G, L, D = 1, 4, 2, 3, 2
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(B, H, L, D, generator=g), torch.randn(B, G, L, D, generator=g), torch.randn(B, G, L, D, generator=g)
+
+    def broadcast(q, k, v):  # the group's key head broadcast over its query heads: matmul copies it
+        return q.view(B, G, H // G, L, D) @ k[:, :, None].transpose(-2, -1)
+
+    def indexed(q, k, v):
+        return q @ k[:, torch.arange(H) // (H // G)].transpose(-2, -1)
+
+    def folded(q, k, v):
+        return q.reshape(B, G, H // G * L, D) @ k.transpose(-2, -1).contiguous()  # one copy of k at its own size
+
+    _, copies = ac.gqa.kv_copies(broadcast, q, k, v)
+    assert [(c.of, c.function, c.op, c.numbers, c.source) for c in copies] == [("keys", "Tensor.matmul", "aten.clone", 24, 12)]
+    _, copies = ac.gqa.kv_copies(indexed, q, k, v)
+    assert [(c.function, c.op, c.shape) for c in copies] == [("Tensor.__getitem__", "aten.index", (B, H, L, D))]
+    assert ac.gqa.kv_copies(folded, q, k, v)[1] == []

@@ -4,9 +4,13 @@ Each check tries the answer on cases chosen so that the usual mistakes give a wr
 the mistake when it recognises one; the table of those mistakes is in tests/test_exercises_ch10.py.
 They use the shared mechanism of ``attn_course.exercises``: torch's and the package's attention (also
 ``enable_gqa=True``) forbidden where the exercise asks for the grouping itself, and the copies of
-``repeat_interleave`` that section 2 already showed; inputs watched for changes in place; sizes unlike
-the notebook's (one key/value head, as many as query heads, groups of 3, one position, batch 1 and 3);
-scores near 100 in float32; numbers given as numpy integers.
+``repeat_interleave`` that section 2 already showed; every other copy of the keys or values per query
+head seen at the level of PyTorch's kernels (:func:`attn_course.gqa.kv_copies`: indexing, ``cat``,
+``contiguous`` after ``expand``, and the copy that ``torch.matmul`` makes when it broadcasts a
+key/value head over its query heads); inputs watched for changes in place; sizes unlike the
+notebook's (one key/value head, as many as query heads, groups of 3, one position, batch 1 and 3);
+scores near 100 in float32; one case on the notebook's GPU or the meta device; numbers given as numpy
+integers; in exercise 4, stacks mixing windows and layers without one.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.overrides import TorchFunctionMode
 
+from ..gqa import kv_copies
+from .ch01 import _call_elsewhere, _on_device, _other_device, _where
 from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor, forbidden,
                large_scores, randn, rng)
 
@@ -79,10 +84,10 @@ def _causal_grouped(q, k, v, owner, *, scale=True, masked=True, mask_offset=0):
 
 @exercise(
     "Exercise 2, grouped-query attention without copying keys and values",
-    hint="give the queries an axis for their group, (B, G, H/G, L, D), and the keys and values a group axis of "
-         "size 1; the one key/value head of a group then lines up with each of its query heads by broadcasting in "
-         "the matrix products; scale, mask the future and normalise as in chapter 04, then fold the group axes back "
-         "into H",
+    hint="the query heads of a group are consecutive, so the queries can stand in line along the query axis, "
+         "(B, G, H/G * L, D): each row then meets its group's one key/value head in an ordinary batched matrix "
+         "product, with nothing to broadcast; mask and normalise per head as in chapter 04 (each head's queries are "
+         "positions 0 .. L - 1), then unfold the result to (B, H, L, D)",
     forbid=("sdpa", "enable_gqa"),
 )
 def check_grouped_attention(grouped_attention) -> str:
@@ -100,26 +105,20 @@ def check_grouped_attention(grouped_attention) -> str:
     k = randn(2, 2, 5, 4, generator=g) + 1.0  # mostly positive: scores of a few hundred either way
     v = randn(2, 2, 5, 4, generator=g)
     _check_grouped_case(grouped_attention, q, k, v)
+    # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
+    device = _other_device()
+    q, k, v = (randn(*shape, generator=g).to(device) for shape in ((2, 4, 3, 2), (2, 2, 3, 2), (2, 2, 3, 2)))
+    shown = f"grouped_attention(q, k, v) with q, k and v on {_where(device)}"
+    got = _call_elsewhere(grouped_attention, q, k, v, device=device, what=shown)
+    if got is not None:
+        got = _on_device(got, device, shown)
+        expect_tensor(got, what=shown, shape=(2, 4, 3, 2), dtype="float")
+        if device.type != "meta":
+            expect_close(got, _causal_grouped(q.cpu(), k.cpu(), v.cpu(), torch.arange(4) // 2).float().to(device),
+                         what=shown)
     return ("your grouping is the one of F.scaled_dot_product_attention(..., enable_gqa=True): query head h reads "
-            "key/value head h // (H / G), without a copy of the keys and values per query head.")
-
-
-class _CopyWatch(TorchFunctionMode):
-    """Records whether any torch call of the student's code returned the keys or the values copied to every
-    query head (a (B, H, S, D) tensor equal to k or v repeated in place): by indexing, expand + reshape,
-    cat, or anything else."""
-
-    def __init__(self, copies: dict) -> None:
-        super().__init__()
-        self.copies, self.found = copies, None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        if self.found is None and isinstance(result, torch.Tensor):
-            for name, copy in self.copies.items():
-                if result.shape == copy.shape and result.dtype == copy.dtype and torch.equal(result.detach(), copy):
-                    self.found = name
-        return result
+            "key/value head h // (H / G), and no key or value was copied per query head, not even inside a matrix "
+            "product.")
 
 
 def _check_grouped_case(grouped_attention, q, k, v) -> None:
@@ -127,19 +126,10 @@ def _check_grouped_case(grouped_attention, q, k, v) -> None:
     G = k.size(1)
     what = f"grouped_attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, {q.dtype})"
     group = H // G
-    # (With one query, the right output itself is the values copied per head: nothing to watch then.)
-    copies = {"keys": k.repeat_interleave(group, dim=1), "values": v.repeat_interleave(group, dim=1)} \
-        if group > 1 and L > 1 else {}
     with forbidden(torch.repeat_interleave, torch.Tensor.repeat, torch.tile,
                    reason="this exercise asks for the grouping without copying the key/value heads (section 2 "
-                          "copied them); give the queries a group axis and let the keys broadcast"), \
-            _CopyWatch(copies) as watch:
-        got = call(grouped_attention, q, k, v)
-    if watch.found is not None:
-        raise Mismatch(f"{what}: your code made a copy of the {watch.found} for every query head (a tensor of shape "
-                       f"{(B, H, L, D)}, each key/value head repeated {group} times); this exercise asks for the "
-                       "grouping without it: give the queries a group axis and let the one key/value head of each "
-                       "group broadcast")
+                          "copied them); fold the query heads of each group into the query axis instead"):
+        got, copies = kv_copies(lambda q, k, v: call(grouped_attention, q, k, v), q, k, v)
     got = expect_tensor(got, what=what, shape=(B, H, L, D), dtype="float", device=q)
     owner = torch.arange(H) // group  # query head h reads key/value head h // (H / G)
     expected = _causal_grouped(q, k, v, owner)
@@ -162,6 +152,18 @@ def _check_grouped_case(grouped_attention, q, k, v) -> None:
             raise Mismatch(f"{what}: every query sees every key: apply the causal mask (query i sees keys 0..i)")
         if L > 1 and close(_causal_grouped(q, k, v, owner, mask_offset=-1)):
             raise Mismatch(f"{what}: query i does not see itself; the causal mask keeps keys 0..i, the diagonal included")
+    if copies and group > 1:
+        copy = copies[0]
+        if copy.function in ("Tensor.matmul", "torch.matmul", "Tensor.__matmul__", "Tensor.__rmatmul__"):
+            raise Mismatch(f"{what}: your matrix product broadcast each key/value head over the {group} query heads of "
+                           f"its group, and torch.matmul carries out such a broadcast by copying: it wrote "
+                           f"{copy.numbers} numbers of the {copy.of} ({copy.op} of shape {copy.shape}) from "
+                           f"{copy.source}. Fold the query heads of a group into the query axis instead, so that the "
+                           "product has the same batch axes on both sides and nothing to broadcast")
+        raise Mismatch(f"{what}: your code made a copy of the {copy.of} for every query head ({copy.function} ran "
+                       f"{copy.op}, writing {copy.numbers} numbers from {copy.source}); this exercise asks for the "
+                       "grouping without it: fold the query heads of each group into the query axis, so that each "
+                       "key/value head is used as it is")
     if not torch.isfinite(got).all():
         raise Mismatch(f"{what}: your result contains inf or NaN: with scores of a few hundred, exp overflows float32; "
                        "subtract each row's maximum before exponentiating (or use a softmax)")
@@ -208,34 +210,50 @@ def check_mean_pool_kv(mean_pool) -> str:
 
 
 @exercise(
-    "Exercise 4, how far back does a stack of sliding-window layers see?",
-    hint="each layer moves information at most window - 1 positions further back; count the last position itself, "
-         "and remember that nothing lies before the first token",
+    "Exercise 4, how far back does a stack of windowed and global layers see?",
+    hint="a layer whose window holds w positions carries information at most w - 1 positions further back, a layer "
+         "without a window any distance; add up what the layers carry, count the last position itself, and "
+         "remember that nothing lies before the first token",
 )
 def check_receptive_field(receptive_field) -> str:
     import numpy as np
 
-    cases = ((1, 4, 100), (3, 4, 100), (2, 1, 50), (6, 5, 20), (4, 4096, 32768), (32, 4096, 32768), (1, 1, 1),
-             (np.int64(3), np.int64(4), np.int64(9)))
-    for num_layers, window, seq_len in cases:
-        expected = int(min(seq_len, num_layers * (window - 1) + 1))
-        what = f"receptive_field(num_layers={num_layers}, window={window}, seq_len={seq_len})"
-        got = expect_int(call(receptive_field, num_layers, window, seq_len), what=what)
-        if got == min(seq_len, num_layers * window) != expected:
-            raise Mismatch(f"{what} = {got}: layers x window counts the token itself once per layer; each layer adds "
-                           "window - 1")
-        if got == num_layers * (window - 1) + 1 != expected:
+    cases = (([4], 100), ([4, 4, 4], 100), ([1, 1], 50), ([5] * 6, 20), ([4096] * 32, 32768), ([4096] * 32, 200_000),
+             ([1], 1), ([8], 5), ([2, 6], 100), ([3, 5, 2], 100), ([4, None], 100), ([None, 4, 4], 100), ([None], 7),
+             ([4096, None] * 4, 32768), ((np.int64(3), np.int64(4)), np.int64(9)), ((2, 3, 4), 100))
+    for windows, seq_len in cases:
+        windows_shown = list(windows) if isinstance(windows, list) else tuple(int(w) for w in windows)
+        what = f"receptive_field({windows_shown}, seq_len={int(seq_len)})"
+        windowed = [int(w) for w in windows if w is not None]
+        reach = sum(w - 1 for w in windowed) + 1  # positions the windowed layers reach, the last one included
+        has_global = len(windowed) < len(windows)
+        expected = int(seq_len) if has_global else min(int(seq_len), reach)
+        got = expect_int(call(receptive_field, windows, seq_len), what=what)
+        if got == expected:
+            continue
+        s = int(seq_len)
+        if has_global and got == min(s, reach):
+            raise Mismatch(f"{what} = {got}: a layer without a window (None) lets every position see all the positions "
+                           "before it, so the last position's view reaches the first token")
+        if not has_global and got == min(s, sum(windowed)):
+            raise Mismatch(f"{what} = {got}: adding the windows counts the token itself once per layer; each layer "
+                           "adds its window - 1")
+        if not has_global and got == reach:
             raise Mismatch(f"{what} = {got}: a token cannot see further back than the start of the sequence (seq_len)")
-        if got == expected - 1 and expected < seq_len:
-            raise Mismatch(f"{what} = {got}: one short; count the last position itself too (one layer with window "
-                           f"{window} sees {window} positions)")
-        if got == min(seq_len, window) != expected:
-            raise Mismatch(f"{what} = {got}: that is one layer's view; stacked layers relay information further")
-        if got == min(seq_len, num_layers * window + 1) != expected:
+        if not has_global and got == reach - 1:
+            raise Mismatch(f"{what} = {got}: one short; count the last position itself too (one layer with a window "
+                           f"of {windowed[-1]} sees {windowed[-1]} positions)")
+        if not has_global and got == min(s, sum(windowed) + 1):
             raise Mismatch(f"{what} = {got}: that is the Mistral paper's convention, where a window W holds W + 1 "
                            "positions (i - W to i); here a window of w holds w positions, the query's own included")
-        expect(got == expected, f"{what}: expected {expected}, got {got}")
-    return "right: Mistral's 32 layers with a 4096-token window relay information across the whole 32k context."
+        if not has_global and len(set(windowed)) > 1 and got in (min(s, len(windowed) * (w - 1) + 1) for w in windowed):
+            raise Mismatch(f"{what} = {got}: you used one layer's window for every layer; the windows differ here, so "
+                           "add what each layer carries")
+        if not has_global and len(windowed) > 1 and got in (min(s, w) for w in windowed):
+            raise Mismatch(f"{what} = {got}: that is one layer's view; stacked layers relay information further")
+        expect(False, f"{what}: expected {expected}, got {got}")
+    return ("right: Mistral's 32 layers with a window of 4,096 relay information 131,040 positions back, and one "
+            "layer without a window anywhere in the stack lets the last position see the whole sequence.")
 
 
 def _kept(keys: torch.Tensor, seen: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,8 +288,8 @@ def check_rolling_read(read_in_order) -> str:
             raise Mismatch(f"{what}: only {kept} positions were written, so return {kept} of the {window} slots; the "
                            "others hold nothing yet (shape (B, G, min(seen, window), D))")
         expect_tensor(got, what=what, shape=expected.shape)
-        gd = got.detach()
-        if not torch.allclose(gd, expected):
+        gd = got.detach().double().cpu()  # compared in float64, whatever the dtype of the answer
+        if not torch.allclose(gd, expected.double()):
             start = int(seen) % window
             candidates = {
                 "these are the slots in slot order; attention needs the positions oldest first, and after the buffer "
@@ -284,7 +302,7 @@ def check_rolling_read(read_in_order) -> str:
             }
             for mistake, wrong in candidates.items():
                 if kept == window and wrong.shape == expected.shape and not torch.allclose(wrong, expected) and \
-                        torch.allclose(gd, wrong):
+                        torch.allclose(gd, wrong.double()):
                     raise Mismatch(f"{what}: {mistake}")
         expect_close(got, expected, what=what)
     return ("your reading gives the kept positions oldest first, as attn_course.RollingKVCache hands them to attention, "
