@@ -71,7 +71,7 @@ __all__ = [
     "Diagram", "Block",
     "attention_flow", "head_split", "head_layouts", "multihead_flow", "seq2seq_attention", "encoder_decoder_step", "positional_flow",
     "transformer_flow", "tiled_attention_flow", "causal_tiles", "kv_cache_flow", "rotary_pairs", "grouped_heads",
-    "latent_attention_flow", "linear_attention_flow", "alibi_flow", "rolling_cache_flow",
+    "latent_attention_flow", "linear_attention_flow", "alibi_flow", "rolling_cache_flow", "grouped_fold_flow",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -1459,11 +1459,14 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
 def _wave_cells(rows: int, cols: int, kind: str) -> np.ndarray:
     """Drawn cells of a positional encoding: the position colour, stronger where the value is larger."""
     r, c = min(rows, CAP), min(cols, CAP)
-    pos = np.arange(r)[:, None] * (rows / r)
-    i = np.arange(c)[None, :] * (cols / c)
+    pos = np.round(np.arange(r) * ((rows - 1) / max(r - 1, 1)))[:, None]  # real positions, first and last kept
     if kind == "sinusoidal":
-        freq = 1.0 / (10000 ** ((2 * (i // 2)) / max(cols, 1)))
-        values = np.where(i % 2 == 0, np.sin(pos * freq), np.cos(pos * freq))
+        # Real columns: whole (sin, cos) pairs, spread from the fastest to the slowest when not all fit.
+        pairs = max(cols // 2, 1)
+        drawn = np.round(np.linspace(0, pairs - 1, max(c // 2, 1))).astype(int)  # pair indices i
+        freq = 1.0 / (10000 ** ((2 * drawn) / max(cols, 1)))  # omega_i
+        angles = pos * freq[None, :]  # (r, pairs drawn)
+        values = np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(r, -1)[:, :c]
     else:
         values = np.random.default_rng(1).uniform(-1, 1, (r, c))
     base = np.array(_rgb(PALETTE["position"]))
@@ -1482,7 +1485,8 @@ def positional_flow(L: int = 6, E: int = 16, *, kind: str = "sinusoidal", names:
 
     Args:
         L: tokens. E: model width.
-        kind: "sinusoidal" (the encoding's cells are shaded by its real values: light -1, dark +1)
+        kind: "sinusoidal" (the encoding's cells are shaded by its real values: light -1, dark +1; when
+            E is above CAP, whole (sin, cos) pairs spread from the fastest to the slowest are drawn)
             or "learned" (a trained table, shaded at random).
         names: other symbols, e.g. ``{"L": "T"}``. shapes: "both", "numbers" or "symbols".
 
@@ -1506,12 +1510,19 @@ def positional_flow(L: int = 6, E: int = 16, *, kind: str = "sinusoidal", names:
         pos = d.block((plus.center[0], tok.y1 + 0.55 + d.ext(L) / 2), L, E, role="position", name="P",
                       shape=shp("L", "E"), shape_at="right", cells=_wave_cells(L, E, kind))
         d.arrow(pos.top, plus.bottom)
-        label = "sinusoidal\nencoding" if kind == "sinusoidal" else "learned\nposition table"
+        label = ("sinusoidal\nencoding\n(light −1,\ndark +1)" if kind == "sinusoidal"
+                 else "learned\nposition table")
         d.text(pos.x0 - 0.1, pos.center[1], label, ha="right", colour=INK)
         x = d.block((plus.x1 + 0.35 + d.ext(E) / 2, 0), L, E, role="input", name="X", shape=shp("L", "E"))
         d.arrow(plus.right, x.left)
-        what = ("a sinusoidal positional encoding P, shaded by its values: slow waves in the right-hand columns, "
-                "fast ones on the left" if kind == "sinusoidal" else "a learned table of position vectors P")
+        if kind == "sinusoidal":
+            kept = min(E, CAP) // 2
+            some = f"{kept} of its {E // 2} (sin, cos) column pairs drawn, fastest to slowest" if E > CAP else \
+                "every (sin, cos) column pair drawn"
+            what = ("a sinusoidal positional encoding P, shaded by its values from light (−1) to dark (+1), "
+                    f"{some}: fast waves in the left-hand columns, slow ones on the right")
+        else:
+            what = "a learned table of position vectors P"
         return (f"Diagram of positional encoding: token ids {shp.alt('L')} are looked up in an embedding table, "
                 f"giving token embeddings {shp.alt('L', 'E')}; {what}, of the same shape {shp.alt('L', 'E')}, "
                 "is added element by element; the sum X is what attention receives.")
@@ -2343,6 +2354,9 @@ def rolling_cache_flow(window: int = 4, T: int = 10):
         d.ax.add_patch(mpatches.Rectangle((mask.x0, mask.y1 - row_h), mask.w, row_h, facecolor="none", edgecolor=INK,
                                           linewidth=2.0, zorder=3.6))
         d.text(mask.x0 - 0.06, mask.y1 - row_h / 2, f"query {T - 1}", ha="right", colour=INK)
+        if T > 1:
+            d.text(mask.x0 - 0.06, mask.y0 + row_h / 2, "query 0", ha="right")
+        d.text(mask.center[0], mask.y1 + 0.42, "rows: queries\ncolumns: keys", va="top")
         box = 0.27
         x0 = mask.x1 + 1.3
         y_tok = 0.25
@@ -2376,13 +2390,95 @@ def rolling_cache_flow(window: int = 4, T: int = 10):
             d.arrow(tokens[p].bottom, slots[p % W].top, colour=MUTED)
         d.text(group.center[0], group.y1 + 0.3, "read in position order: slots " + ", ".join(map(str, order)),
                va="top", colour=INK)
+        d.legend(["mask_allowed", "mask_blocked"], x=mask.x0 - 0.6, y=mask.y1 + 0.95)
         overwritten = [p for p in range(T - W, T) if p >= W]
         over_words = (", so positions " + ", ".join(map(str, overwritten)) + " have overwritten positions "
                       + ", ".join(str(p - W) for p in overwritten)) if overwritten else ""
         return (f"Diagram of a sliding window of {W} keys and its rolling cache after {T} tokens: the window mask M "
-                f"{shp.alt('T', 'T')} lets query i see keys i − {W - 1} to i, so its last row, query {T - 1}, sees keys "
+                f"{shp.alt('T', 'T')}, queries down the side and keys along the top, blue where a query may attend and "
+                f"grey where it may not, lets query i see keys i − {W - 1} to i, so its last row, query {T - 1}, sees keys "
                 f"{T - W} to {T - 1}; only those {W} keys are kept, in a buffer of {W} slots, position p in slot "
                 f"p mod {W}{over_words}; attention reads the slots in position order, " + ", ".join(map(str, order))
                 + ".")
+
+    return _fit(draw)
+
+
+def grouped_fold_flow(L: int = 3, H: int = 8, G: int = 2, D: int = 4):
+    """Chapter 10: grouped-query attention without a copy, for the query heads of one group.
+
+    The ``H / G`` query heads of a group stand in line along the query axis, ``(H/G·L, D)``; one matrix
+    product with the group's key head ``(S, D)``, used as it is, gives every head's scores; the causal
+    mask and the softmax act on each head's ``L`` rows; one product with the group's value head, and the
+    rows unfold back into ``H / G`` heads. Rows keep their head's colour.
+
+    Args:
+        L: tokens (keys S = L). H: query heads. G: key/value heads (``H % G == 0``). D: head width.
+
+    Returns:
+        The ``Figure``; its alt text is ``fig.attn_alt``.
+    """
+    L, H, G, D = _size(L, "L"), _size(H, "H"), _size(G, "G"), _size(D, "D")
+    if H % G:
+        raise ValueError(f"G must divide H, got H={H} and G={G}")
+    n = H // G
+    shp = _Shapes({"n": "H/G", "nL": "H/G·L"}, "both", {"L": L, "S": L, "D": D, "n": n, "nL": n * L})
+    position = np.arange(n * L) % L  # the position of each folded query row
+    allowed = np.arange(L)[None, :] <= position[:, None]  # (H/G·L, S): causal within each head's rows
+    drawn = min(n * L, CAP)
+
+    def rows_by_head(cols: int, tint: float) -> np.ndarray:
+        cells = np.empty((drawn, min(cols, CAP)), dtype=object)
+        for (i, j), _ in np.ndenumerate(cells):
+            cells[i, j] = head_colour(i * n // drawn, tint)
+        return cells
+
+    def draw(d: Diagram) -> str:
+        f = d.lift(n)
+        y = f + 0.9 + d.ext(L) + d.ext(n * L) / 2
+        q = d.block((d.ext(D) / 2, y), L, D, role="query", name="Q", depth=n,
+                    slice_edges=[HEAD_COLOURS[h % len(HEAD_COLOURS)] for h in range(n)], shape=shp("n", "L", "D"))
+        fold = d.op((q.x1 + f + 0.45, y), "view")
+        d.arrow(q.right, fold.left)
+        qf = d.block((fold.x1 + 0.3 + d.ext(D) / 2, y), n * L, D, role="query", cells=rows_by_head(D, 0.45),
+                     shape=shp("nL", "D"))
+        d.arrow(fold.right, qf.left)
+        qk = d.op((qf.x1 + 0.5, y), "@ Kᵀ")
+        d.arrow(qf.right, qk.left)
+        k = d.block((qk.center[0], qk.y0 - 0.3 - d.ext(L) / 2), L, D, role="key", name="K", shape=shp("S", "D"),
+                    shape_at="left")
+        d.arrow(k.bottom, qk.top)
+        soft = d.op((qk.x1 + 0.75, y), "÷√D, mask\nper head,\nsoftmax")
+        d.arrow(qk.right, soft.left)
+        from matplotlib import colormaps
+
+        weights = _demo_weights(drawn, min(L, CAP), allowed[:drawn, :CAP])
+        shade = np.empty(weights.shape, dtype=object)  # weights where a head's query may attend, grey where masked
+        for (i, j), w in np.ndenumerate(weights):
+            shade[i, j] = colormaps[WEIGHT_CMAP](w / weights.max()) if allowed[i, j] else PALETTE["mask_blocked"]
+        a = d.block((soft.x1 + 0.3 + d.ext(L) / 2, y), n * L, L, role="weight", name="A", name_at="above",
+                    cells=shade, shape=shp("nL", "S"))
+        d.arrow(soft.right, a.left)
+        av = d.op((a.x1 + 0.5, y), "@ V")
+        d.arrow(a.right, av.left)
+        v = d.block((av.center[0], av.y0 - 0.3 - d.ext(L) / 2), L, D, role="value", name="V", shape=shp("S", "D"),
+                    shape_at="right")
+        d.arrow(v.bottom, av.top)
+        of = d.block((av.x1 + 0.3 + d.ext(D) / 2, y), n * L, D, role="output", cells=rows_by_head(D, 0.45),
+                     shape=shp("nL", "D"))
+        d.arrow(av.right, of.left)
+        unfold = d.op((of.x1 + 0.45, y), "view")
+        d.arrow(of.right, unfold.left)
+        o = d.block((unfold.x1 + 0.3 + d.ext(D) / 2, y), L, D, role="output", name="", depth=n,
+                    slice_fills=[head_colour(h) for h in range(n)], shape=shp("n", "L", "D"))
+        d.arrow(unfold.right, o.left)
+        return (f"Diagram of grouped-query attention without a copy, for one group of {n} query heads: the queries "
+                f"Q {shp.alt('n', 'L', 'D')} stand in line along the query axis, a view of shape "
+                f"{shp.alt('nL', 'D')} whose rows keep their head's colour; one matrix product with the group's "
+                f"single key head K {shp.alt('S', 'D')}, used as it is, gives the scores of every head; dividing by "
+                f"the square root of D, a causal mask on each head's {L} rows and a softmax give the weights A "
+                f"{shp.alt('nL', 'S')}; one product with the value head V {shp.alt('S', 'D')} gives the outputs "
+                f"{shp.alt('nL', 'D')}, which unfold back into {n} heads {shp.alt('n', 'L', 'D')}. No key or value is "
+                "copied for each query head.")
 
     return _fit(draw)

@@ -67,6 +67,8 @@ CASES = {
     "rotary_halves": lambda: dg.rotary_pairs(D=16, position=1000, interleaved=False),
     "grouped_heads": lambda: dg.grouped_heads(8, (8, 2, 1)),
     "grouped_heads_huge": lambda: dg.grouped_heads(32, (32, 4)),
+    "grouped_fold": lambda: dg.grouped_fold_flow(L=3, H=8, G=2, D=4),
+    "grouped_fold_mqa_huge": lambda: dg.grouped_fold_flow(L=64, H=32, G=1, D=128),
     "alibi": lambda: dg.alibi_flow(L=6, H=8, heads=(0, 3, 7)),
     "alibi_small": lambda: dg.alibi_flow(L=1, H=1, heads=(0,)),
     "alibi_huge": lambda: dg.alibi_flow(L=12, H=112, heads=(0, 7, 63, 111)),
@@ -355,6 +357,7 @@ def test_large_sizes_are_clamped_but_still_grow():
     (lambda: dg.rotary_pairs(D=7), "D"),
     (lambda: dg.rotary_pairs(position=-1), "position"),
     (lambda: dg.grouped_heads(8, (3,)), "groups"),
+    (lambda: dg.grouped_fold_flow(H=8, G=3), "G must divide H"),
     (lambda: dg.linear_attention_flow(rule="hebbian"), "rule"),
     (lambda: dg.Diagram().block((0, 0), 2, 2, role="queries"), "role"),
     (lambda: dg.Diagram().finish("Q K V"), "alt"),
@@ -538,6 +541,24 @@ def test_alibi_flow_draws_the_packages_slopes_on_one_scale():
     assert "head 0 multiplies them by −1/" in dg.alt_text(fig) or "head 0 multiplies them by −0." in dg.alt_text(fig)
 
 
+def test_grouped_fold_flow_masks_each_heads_rows_as_the_package_folds_them():
+    import matplotlib.colors as mcolors
+    from matplotlib.patches import Rectangle
+
+    L, H, G = 3, 8, 2
+    fig = dg.grouped_fold_flow(L=L, H=H, G=G, D=4)
+    alt = dg.alt_text(fig)
+    assert "(H/G·L, D) = (12, 4)" in alt and "(H/G·L, S) = (12, 3)" in alt and "No key or value is copied" in alt
+    # the weights block: grey exactly where query row r (position r % L of its head) may not see key j
+    grey = mcolors.to_rgba(dg.PALETTE["mask_blocked"])
+    cells = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    assert sum(mcolors.to_rgba(p.get_facecolor()) == grey for p in cells) == (H // G) * L * (L - 1) // 2
+    # the package folds the same way: head h, position i is row h * L + i of its group
+    q = torch.arange(H * L, dtype=torch.float32).view(1, H, L, 1)
+    folded = ac.gqa._fold(q, G)  # (1, G, H/G * L, 1)
+    assert folded[0, 0, :, 0].tolist() == [float(h * L + i) for h in range(H // G) for i in range(L)]
+
+
 def test_rolling_cache_flow_puts_each_position_in_the_slot_of_the_package_cache():
     for window, T in ((4, 10), (3, 3), (5, 12), (1, 6)):
         fig = dg.rolling_cache_flow(window=window, T=T)
@@ -599,3 +620,22 @@ def test_tiled_attention_flow_feeds_the_value_tile_into_the_update():
     assert any("(Sb, D)\n(4, 8)" in w for w in words) and any("(Lb, 1)\n(4, 1)" in w for w in words)
     assert "value tile V₂ (Sb, D) = (4, 8)" in dg.alt_text(fig)
     plt.close(fig)
+
+
+def test_positional_flow_shades_real_sin_cos_columns_of_the_encoding():
+    # Chapter 06 (E = 16, 12 columns drawn): whole (sin, cos) pairs, fastest to slowest, each cell shaded by the
+    # value of the package's encoding at a real position and column (row 0: sin 0 = 0, cos 0 = 1, alternating).
+    import attn_course as ac
+
+    cells = dg._wave_cells(5, 16, "sinusoidal")
+    pe = ac.sinusoidal_positional_encoding(5, 16, dtype=torch.float64)
+    columns = [j for i in (0, 1, 3, 4, 6, 7) for j in (2 * i, 2 * i + 1)]  # 6 of the 8 pairs, spread evenly
+    assert cells.shape == (5, 12)
+    drawn = [(float(pe[r, j]), sum(cells[r, c])) for r in range(5) for c, j in enumerate(columns)]
+    drawn.sort()
+    # one scale: a larger value is never lighter (the sum of the colour's channels never grows)
+    assert all(a[1] >= b[1] - 1e-9 for a, b in zip(drawn, drawn[1:]))
+    assert drawn[0][1] > drawn[-1][1] + 0.5  # light for -1, dark for +1
+    assert len({cells[0, c] for c in range(0, 12, 2)}) == 1 and len({cells[0, c] for c in range(1, 12, 2)}) == 1
+    assert sum(cells[0, 0]) > sum(cells[0, 1])  # sin 0 = 0 (mid) is lighter than cos 0 = 1 (dark)
+    assert "light (−1) to dark (+1)" in dg.positional_flow(L=5, E=16).attn_alt
