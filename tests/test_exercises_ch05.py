@@ -204,7 +204,10 @@ def cross_attention(queries, memory, mha, key_padding_mask, scale_width=None, us
     if use_mask:
         blocked = ~key_padding_mask if invert else key_padding_mask
         scores = scores.masked_fill(blocked[:, None, None, :], float("-inf"))
-    return mha.out_proj(merge_heads(scores.softmax(-1) @ v))
+    weights = scores.softmax(-1)
+    if use_mask:  # a query whose memory is all padding: 0 / 0 = NaN, and it must get zero weights
+        weights = weights.masked_fill(key_padding_mask.all(-1)[:, None, None, None], 0.0)
+    return mha.out_proj(merge_heads(weights @ v))
 
 
 def cross_einsum(queries, memory, mha, key_padding_mask):  # another right answer
@@ -214,7 +217,8 @@ def cross_einsum(queries, memory, mha, key_padding_mask):  # another right answe
     v = mha.v_proj(memory).unflatten(-1, (H, D))
     scores = torch.einsum("blhd,bshd->bhls", q, k) / D ** 0.5
     scores = torch.where(key_padding_mask[:, None, None, :], torch.finfo(scores.dtype).min, scores)
-    context = torch.einsum("bhls,bshd->blhd", F.softmax(scores, dim=-1), v).flatten(2)
+    weights = F.softmax(scores, dim=-1) * (~key_padding_mask).any(-1)[:, None, None, None]  # all padding: zero
+    context = torch.einsum("bhls,bshd->blhd", weights, v).flatten(2)
     return mha.out_proj(context)
 
 
@@ -286,6 +290,68 @@ def cross_keys_from_queries(queries, memory, mha, key_padding_mask):
     return mha.out_proj(merge_heads(scores.softmax(-1) @ v))
 
 
+def count_by_building(embed_dim, num_heads, bias, qk_head_dim=None):  # the review: accepted until now
+    module = ac.MultiHeadAttention(embed_dim, num_heads, bias=bias, qk_head_dim=qk_head_dim)
+    return sum(p.numel() for p in module.parameters())
+
+
+def count_by_linear_layers(embed_dim, num_heads, bias, qk_head_dim=None):  # the previous review: nn.Linear built
+    width = num_heads * (qk_head_dim or embed_dim // num_heads)
+    layers = [torch.nn.Linear(embed_dim, w, bias=bias) for w in (width, width, embed_dim, embed_dim)]
+    return sum(p.numel() for layer in layers for p in layer.parameters())
+
+
+def cross_nan_when_all_padding(queries, memory, mha, key_padding_mask):  # the chapter's former solution
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :],
+                                                                          float("-inf"))
+    return mha.out_proj(merge_heads(torch.softmax(scores, dim=-1) @ v))
+
+
+def cross_smallest_fill(queries, memory, mha, key_padding_mask):  # finite fill: an empty memory averages padding
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :],
+                                                                          torch.finfo(q.dtype).min)
+    return mha.out_proj(merge_heads(torch.softmax(scores, dim=-1) @ v))
+
+
+def cross_naive_softmax(queries, memory, mha, key_padding_mask):  # the review: exp without the max shift
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    e = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).exp().masked_fill(key_padding_mask[:, None, None, :], 0)
+    weights = (e / e.sum(-1, keepdim=True)).nan_to_num(0.0)  # empty memory: 0 / 0 -> 0 (right); overflow: inf / inf
+    weights = torch.where(torch.isinf(e).any(-1, keepdim=True), float("nan"), weights)
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_minus_1e9(queries, memory, mha, key_padding_mask):  # the review: -1e9, right in float32
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :], -1e9)
+    weights = scores.softmax(-1).masked_fill(key_padding_mask.all(-1)[:, None, None, None], 0.0)
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_additive_minus_1e9(queries, memory, mha, key_padding_mask):  # the review: an additive -1e9 mask
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    bias = torch.zeros(key_padding_mask.shape, dtype=q.dtype, device=q.device).masked_fill(key_padding_mask, -1e9)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + bias[:, None, None, :]
+    weights = scores.softmax(-1).masked_fill(key_padding_mask.all(-1)[:, None, None, None], 0.0)
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_float64_result(queries, memory, mha, key_padding_mask):  # the course's dtype rule: a wider result passes
+    return cross_attention(queries, memory, mha, key_padding_mask).double()
+
+
 RIGHT = [
     (check_split_heads, split_heads),
     (check_split_heads, split_unflatten),
@@ -304,6 +370,7 @@ RIGHT = [
     (check_count_parameters, lambda e, h, b, dk: torch.tensor(count_parameters(e, h, b, dk))),
     (check_cross_attention, cross_attention),
     (check_cross_attention, cross_einsum),
+    (check_cross_attention, cross_float64_result),
 ]
 
 
@@ -355,13 +422,20 @@ WRONG = [
     (check_split_heads, split_d_t, "expected shape (3, 2, 7, 12)"),
     (check_split_heads, lambda x, h: x.view(x.size(0), x.size(1), h, -1), "left the head axis behind the token axis"),
     (check_split_heads, split_in_place, "changed its input `x` in place"),
-    (check_split_heads, split_half, "expected dtype torch.float32, got torch.float16"),
-    (check_split_heads, split_long, "expected dtype torch.float32, got torch.int64"),
+    (check_split_heads, split_half, "your result is torch.float16 but the inputs were torch.float32"),
+    (check_split_heads, split_long, "expected floating-point numbers, got dtype torch.int64"),
+    # the review: a downcast of float64 inputs (a float32 result passes the course's dtype rule, the lost digits
+    # do not)
+    (check_split_heads, lambda x, h: split_heads(x.to(torch.float32), h), "only to float32 precision"),
+    (check_split_heads, lambda x, h: split_heads(x, h).float(), "only to float32 precision"),
+    (check_split_heads, lambda x, h: split_heads(x.half(), h).to(x.dtype), "values differ"),
     # Exercise 1b
     (check_merge_heads, merge_no_transpose, "without moving the head axis"),
     (check_merge_heads, merge_interleaved, "interleaved"),
     (check_merge_heads, merge_transpose_only, "expected shape (3, 7, 24)"),
     (check_merge_heads, lambda c: merge_heads(c) * 1.001, "values differ"),
+    (check_merge_heads, lambda c: merge_heads(c.float()), "only to float32 precision"),
+    (check_merge_heads, lambda c: merge_heads(c.to(torch.bfloat16)), "your result is torch.bfloat16"),
     # Exercise 2
     (check_split_fused_qkv, fused_per_head_layout, "[q_h | k_h | v_h]"),
     (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv, h)[::-1], "wrong order (v, k, q)"),
@@ -375,6 +449,9 @@ WRONG = [
     (check_split_fused_qkv, lambda qkv, h: split_heads(qkv, h), "expected three tensors (q, k, v), got one Tensor"),
     (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv, h)[:2], "got 2 item(s)"),
     (check_split_fused_qkv, lambda qkv, h: tuple(t * 1.01 for t in split_fused_qkv(qkv, h)), "values differ"),
+    (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv.float(), h), "only to float32 precision"),
+    (check_split_fused_qkv, lambda qkv, h: (lambda q, k, v: (q, k, v.float()))(*split_fused_qkv(qkv, h)),
+     "only to float32 precision"),
     # Exercise 3: qk_head_dim ignored, values or output narrowed too, d_k taken as the total width, the output
     # projection or the biases forgotten, heads multiplied, E-wide query/key biases, not an integer
     (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b), "left qk_head_dim out"),
@@ -387,6 +464,13 @@ WRONG = [
     (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, False, dk), "left out the four bias vectors"),
     (check_count_parameters, count_with(bias_qk="E"), "H * qk_head_dim entries each"),
     (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, True, dk), "With bias=False the projections have no biases"),
+    # the review: the output projection's bias forgotten (was rejected without a diagnosis); the module built
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk) - (e if b else 0),
+     "left out the output projection's bias"),
+    (check_count_parameters, count_by_building, "you called attn_course.multihead.MultiHeadAttention.__init__"),
+    (check_count_parameters, count_by_linear_layers, "count the weights and biases without building the layers"),
+    (check_count_parameters, lambda e, h, b, dk: sum(p.numel() for p in torch.nn.MultiheadAttention(e, h, bias=b).parameters()),
+     "without building the layers"),
     (check_count_parameters, lambda e, h, b, dk: 4 * e * e + (4 * e if b else 0), "left qk_head_dim out"),
     (check_count_parameters, lambda e, h, b, dk: "many", "return an integer, got str"),
     (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk) / 1, "return an integer, got float"),
@@ -410,6 +494,13 @@ WRONG = [
     (check_cross_attention, cross_keys_from_queries, "values differ"),
     (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm) + 0.1, "values differ"),
     (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm)[:, :2], "expected shape (3, 4, 24)"),
+    # the review: the chapter's former solution on a memory that is all padding (NaN), a softmax without its
+    # max shift (overflows), a fill of -1e9 (overflows float16), a result moved to the CPU (on an accelerator)
+    (check_cross_attention, cross_nan_when_all_padding, "is all padding, and your output is NaN there"),
+    (check_cross_attention, cross_smallest_fill, "averaged the padding's values"),
+    (check_cross_attention, cross_naive_softmax, "exp of a score above 88.7 overflows"),
+    (check_cross_attention, cross_minus_1e9, "-1e9 does not exist in float16"),
+    (check_cross_attention, cross_additive_minus_1e9, "-1e9 does not exist in float16"),
 ]
 
 
