@@ -2070,8 +2070,8 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
         for target, label in ((c, "@ W_DKV"), (kr, "@ W_KR,\nrotate")):
             d.arrow((trunk, 0), target.left, via=[(trunk, target.center[1])], label=label, label_on="last",
                     label_at="above")
-        cache = d.group([c, kr], "cache: " + (f"{shp.sym('d_c')} + {shp.sym('d_r')} = {d_c + d_r}"
-                                              if shapes != "symbols" else f"{shp.sym('d_c')} + {shp.sym('d_r')}")
+        cache = d.group([c, kr], "cache:\n" + (f"{shp.sym('d_c')} + {shp.sym('d_r')} = {d_c + d_r}"
+                                                if shapes != "symbols" else f"{shp.sym('d_c')} + {shp.sym('d_r')}")
                         + "\nnumbers per token", colour=_edge(PALETTE["state"]), pad=0.1, label_at="below")
         x2 = cache.x1 + 0.9
         if not absorbed:
