@@ -6,25 +6,90 @@ They use the shared mechanism of ``attn_course.exercises``: the package forbidde
 asks for plain torch (``forbid=("attn_course",)``: its ``cache_elements_per_token`` and
 ``MultiHeadLatentAttention`` among the rest), inputs watched for changes in place, sizes unlike the
 notebook's (one head, a head width unlike the latent's, one query and several, batch 1 and 3, no
-rotary part), float64 as well as float32, and numbers given as numpy integers or fractions.
+rotary part), float64 as well as float32, numbers given as numpy integers or fractions (and whole
+numbers as floats in exercise 1), and one case on another device (the GPU where there is one, else
+PyTorch's "meta" device, which has shapes but no values), so that a tensor made without ``device=``
+is caught.
 
 Exercise 2 asks for the absorbed form, which never builds a key per head and cached token: its check
 watches every tensor that the answer creates (a ``TorchDispatchMode`` around the call) and rejects an
-answer that makes one as large as the keys of one head for every cached token.
+answer that makes one as large as the keys of one head for every cached token, or that does as many
+multiply-adds (matrix products and elementwise products alike) as rebuilding one head's keys.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import numbers
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from ..utils import get_device
 from . import Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_sequence, randn, rng
+from ._ch11_watch import _LargestTensor
+from ._core import _StudentCodeFailed
 
 __all__ = ["check_cache_per_token", "check_absorbed_scores", "check_merged_output"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Another device
+
+def _other_device() -> torch.device:
+    """The notebook's GPU where there is one (CUDA, then MPS), else PyTorch's "meta" device, which has shapes and
+    dtypes but no values. A tensor made without ``device=`` lives on the CPU, and meets the inputs there."""
+    device = get_device()
+    return device if device.type != "cpu" else torch.device("meta")
+
+
+def _meta_note(device: torch.device) -> str:
+    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
+            if device.type == "meta" else "")
+
+
+class _NoData(RuntimeError):
+    """NotImplementedError raised on the meta device ("Cannot copy out of meta tensor"): passed on as an error,
+    not taken for the scaffold's ``raise NotImplementedError``."""
+
+
+def _call_elsewhere(fn, *args, device: torch.device, what: str, shape: tuple):
+    """``call(fn, *args)`` with ``args`` on ``device``: the result must be a tensor of ``shape`` on that device.
+    On the meta device an answer that needs values (``.item()``, an ``if`` on a tensor) cannot be judged and
+    passes here (the CPU cases judge it)."""
+    @functools.wraps(fn)
+    def answer(*a, **k):
+        try:
+            return fn(*a, **k)
+        except NotImplementedError as error:
+            if device.type == "meta":
+                raise _NoData(str(error)) from None
+            raise
+
+    try:
+        got = call(answer, *args)
+    except _StudentCodeFailed as failed:
+        text = str(failed.error)
+        lowered = text.lower()
+        if ("device" in lowered and "cpu" in lowered) or (isinstance(failed.error, _NoData) and "copy" in lowered):
+            kind = "NotImplementedError" if isinstance(failed.error, _NoData) else type(failed.error).__name__
+            raise Mismatch(f"{what}: your code raised {kind}: "
+                           f"{text.splitlines()[0] if text else ''}{_meta_note(device)}. It works only with CPU "
+                           "tensors: a tensor made without device= (torch.zeros, torch.empty, torch.tensor ...) lives "
+                           "on the CPU, whatever the inputs: make new tensors on the inputs' device (device= from an "
+                           "input, or new_zeros, zeros_like)") from None
+        if device.type == "meta":
+            return
+        raise
+    if not isinstance(got, torch.Tensor):
+        raise Mismatch(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
+    if got.device.type != device.type:
+        raise Mismatch(f"{what}: the inputs are on the {device.type} device{_meta_note(device)} but your result is on "
+                       f"{got.device}: a tensor made without device= (torch.zeros, torch.empty ...) lives on the CPU "
+                       "whatever the inputs; make new tensors on the inputs' device (device= from an input, or "
+                       "new_zeros, zeros_like)")
+    expect(tuple(got.shape) == tuple(shape), f"{what}: expected shape {tuple(shape)}, got {tuple(got.shape)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -35,6 +100,18 @@ def _cache(num_layers: int, num_heads: int, head_dim: int, kv_latent_dim: int, r
     mla = (kv_latent_dim + rope_head_dim) * num_layers  # the latent and the one shared rotary key, per layer
     groups = (kv_latent_dim + rope_head_dim) / (2 * head_dim)  # a GQA group caches a key and a value of width d_h
     return mha, mla, groups
+
+
+def _whole(got, *, what: str) -> int:
+    """A count of numbers: an int, a numpy integer, a one-element tensor, or a float that is a whole number
+    (34560.0 from ``2.25 * 2 * 128 * 60``); 34560.5 is a Mismatch."""
+    try:
+        return expect_int(got, what=what)
+    except Mismatch:
+        value = expect_number(got, what=what)
+        if isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer():
+            return int(value)
+        raise Mismatch(f"{what}: a count of numbers is a whole number, got {value!r}") from None
 
 
 @exercise(
@@ -57,8 +134,8 @@ def check_cache_per_token(cache_per_token) -> str:
                 f"kv_latent_dim={d_c}, rope_head_dim={d_r})")
         got = expect_sequence(call(cache_per_token, num_layers, num_heads, head_dim, d_c, d_r), what=what,
                               names=("mha_elements", "mla_elements", "equivalent_groups"))
-        mha = expect_int(got[0], what=f"{what}: mha_elements")
-        mla = expect_int(got[1], what=f"{what}: mla_elements")
+        mha = _whole(got[0], what=f"{what}: mha_elements")
+        mla = _whole(got[1], what=f"{what}: mla_elements")
         groups = expect_number(got[2], what=f"{what}: equivalent_groups")
         want_mha, want_mla, want_groups = _cache(num_layers, num_heads, head_dim, d_c, d_r)
         # Multi-head attention.
@@ -94,42 +171,12 @@ def check_cache_per_token(cache_per_token) -> str:
                                "GQA; compare one layer with one layer")
             raise Mismatch(f"{what}: equivalent_groups should be {want_groups:g}, got {groups:g}")
     v2_mha, v2_mla, v2_groups = _cache(*cases[0])
-    small_mha, small_mla, _ = _cache(*cases[-1])
     return (f"DeepSeek-V2's sizes give {v2_mla:,} numbers per token against {v2_mha:,} for MHA, the cache of GQA with "
-            f"{v2_groups:g} groups; with 27 layers and 16 heads your formula gives {small_mha / 1000:.1f}K and "
-            f"{small_mla / 1000:.1f}K, the small models' row of Table 9.")
+            f"{v2_groups:g} groups. Now run your function on the sizes the exercise names.")
 
 
 # --------------------------------------------------------------------------------------------------
 # Exercise 2: absorbed scores, every head, with the decoupled rotary part
-
-_PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot"}
-
-
-class _LargestTensor(TorchDispatchMode):
-    """Records, while active, the largest tensor any operation makes (views included) and the
-    multiply-adds of the matrix products (``mm``, ``bmm`` and their kin, which ``@``, ``matmul``,
-    ``einsum`` and ``nn.functional.linear`` come down to)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel, self.shape, self.multiply_adds = 0, (), 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-        if name in _PRODUCTS:
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            first, second = tensors[-2], tensors[-1]  # addmm(bias, a, b), baddbmm(bias, a, b): the last two
-            batch = first.shape[0] if first.dim() == 3 else 1
-            inner = first.shape[-1]
-            self.multiply_adds += batch * inner * (first.shape[-2] if first.dim() >= 2 else 1) * (
-                second.shape[-1] if second.dim() >= 2 else 1)
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor) and tensor.numel() > self.numel:
-                self.numel, self.shape = tensor.numel(), tuple(tensor.shape)
-        return out
-
 
 def _naive_scores(q_content, q_rope, w_uk, latents, rope_keys, *, scale=None, head_order="hd", rope=True):
     """The scores of equations (16)-(18) before the softmax, with per-head keys built (float64)."""
@@ -166,11 +213,12 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
                        f"many as the keys of a head for all {S} cached tokens ({S} x {D}): that is the up-projection "
                        "the absorbed form avoids. Multiply each head's query by its block of W_UK first (a vector of "
                        f"width {Dc}), then score it against the latents themselves")
-    if watch and watcher.multiply_adds >= B * S * H * D * Dc:
-        raise Mismatch(f"{what}: your function did {watcher.multiply_adds:,} multiply-adds in its matrix products, as many "
-                       f"as rebuilding the keys of half the heads for all {S} cached tokens ({B * S * H * D * Dc:,}): "
-                       "the absorbed form never up-projects the cache, piece by piece or at once. Multiply each head's "
-                       f"query by its block of W_UK first (a vector of width {Dc}), then score it against the latents")
+    if watch and watcher.multiply_adds >= B * S * D * Dc:
+        raise Mismatch(f"{what}: your function did {watcher.multiply_adds:,} multiply-adds (matrix and elementwise "
+                       f"products), at least as many as rebuilding one head's keys for all {S} cached tokens ({S} x "
+                       f"{D} x {Dc} = {B * S * D * Dc:,}; the keys of all H = {H} heads take {B * S * H * D * Dc:,}): the absorbed "
+                       "form never up-projects the cache, piece by piece or at once. Multiply each head's query by its "
+                       f"block of W_UK first (a vector of width {Dc}), then score it against the latents")
     if not isinstance(got, torch.Tensor):
         raise Mismatch(f"{what}: expected a torch.Tensor of scores, got {type(got).__name__}")
     expected = _naive_scores(q_content, q_rope, w_uk, latents, rope_keys).to(dtype)
@@ -215,10 +263,17 @@ def check_absorbed_scores(absorbed_scores) -> str:
     _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=24, Dc=5, Dr=4, S=60, watch=True)
     # The notebook's sizes, then others: several queries, batch 3, one head, a head wider and narrower than the
     # latent, no rotary part, float64.
-    for B, H, L, D, Dc, Dr, S in ((2, 4, 1, 8, 8, 4, 10), (3, 3, 4, 6, 10, 2, 7), (1, 1, 2, 5, 3, 2, 9),
-                                  (2, 2, 3, 4, 6, 0, 5)):
+    for B, H, L, D, Dc, Dr, S in ((2, 4, 1, 8, 6, 4, 10), (3, 3, 4, 6, 10, 2, 7), (1, 1, 2, 5, 3, 2, 9),
+                                  (2, 2, 3, 4, 6, 0, 5), (2, 4, 1, 8, 8, 4, 10)):
         _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S)
     _scores_case(absorbed_scores, generator, 2, 3, 2, 7, 4, 2, 6, dtype=torch.float64)
+    # The GPU where there is one, else the meta device: new tensors must follow the inputs.
+    device = _other_device()
+    B, H, L, D, Dc, Dr, S = 2, 4, 1, 8, 6, 4, 10
+    inputs = [randn(*size, generator=generator).to(device)
+              for size in ((B, H, L, D), (B, H, L, Dr), (H * D, Dc), (B, S, Dc), (B, S, Dr))]
+    _call_elsewhere(absorbed_scores, *inputs, device=device, shape=(B, H, L, S),
+                    what=f"absorbed_scores with its inputs on the {device.type} device")
     return ("each head scores the cached latents with W_UK folded into its query, as DeepSeek-V2 does at inference: "
             "no key is rebuilt, however long the cache.")
 
@@ -233,6 +288,8 @@ def _merged(w_uv: torch.Tensor, w_o: torch.Tensor, num_heads: int, head_order: s
     D = HD // num_heads
     if head_order == "hd":
         uv = w_uv.double().view(num_heads, D, Dc)  # (H, D, Dc): W_UV,h
+    elif head_order == "hcd":  # the numbers of w_uv read as (H, Dc, D), then turned the right way
+        uv = w_uv.double().reshape(num_heads, Dc, D).transpose(1, 2)
     else:
         uv = w_uv.double().view(D, num_heads, Dc).transpose(0, 1)
     if output_order == "hd":
@@ -251,7 +308,7 @@ def _merged(w_uv: torch.Tensor, w_o: torch.Tensor, num_heads: int, head_order: s
 )
 def check_merged_output(merge_value_into_output) -> str:
     generator = rng(1103)
-    for E, H, D, Dc, dtype in ((16, 4, 8, 8, torch.float32), (10, 3, 6, 4, torch.float32), (7, 1, 5, 9, torch.float32),
+    for E, H, D, Dc, dtype in ((32, 4, 8, 6, torch.float32), (16, 4, 8, 8, torch.float32), (10, 3, 6, 4, torch.float32), (7, 1, 5, 9, torch.float32),
                                (12, 2, 3, 5, torch.float64)):
         w_uv = randn(H * D, Dc, generator=generator, dtype=dtype)
         w_o = randn(E, H * D, generator=generator, dtype=dtype)
@@ -275,6 +332,9 @@ def check_merged_output(merge_value_into_output) -> str:
             if torch.allclose(g, _merged(w_uv, w_o, H, head_order="dh"), atol=1e-5, rtol=1e-4):
                 raise Mismatch(f"{what}: the heads' rows of w_uv are split the wrong way: rows h*D to h*D + D - 1 "
                                "belong to head h (view it as (H, D, d_c))")
+            if torch.allclose(g, _merged(w_uv, w_o, H, head_order="hcd"), atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: w_uv was reshaped as (H, d_c, D), which reads its numbers in the wrong order: "
+                               "it is (H * D, d_c), so view it as (H, D, d_c), or transpose it first")
             if torch.allclose(g, _merged(w_uv, w_o, H, output_order="dh"), atol=1e-5, rtol=1e-4):
                 raise Mismatch(f"{what}: W_O's columns are split into heads the wrong way: columns h*D to h*D + D - 1 "
                                "multiply head h's context (view w_o as (E, H, D))")
@@ -292,7 +352,14 @@ def check_merged_output(merge_value_into_output) -> str:
         expect(torch.allclose((context_latent.reshape(2, 3, H * Dc) @ got.to(dtype).T).double(),
                               (per_head @ w_o.T).double(), atol=1e-4, rtol=1e-4),
                f"{what}: multiplying the heads' averaged latents by your matrix does not give the layer's output")
+    device = _other_device()  # the GPU where there is one, else the meta device: new tensors follow the inputs
+    E, H, D, Dc = 10, 3, 6, 4
+    _call_elsewhere(merge_value_into_output, randn(H * D, Dc, generator=generator).to(device),
+                    randn(E, H * D, generator=generator).to(device), H, device=device, shape=(E, H * Dc),
+                    what=f"merge_value_into_output with its inputs on the {device.type} device")
     E, H, D, Dc = 5120, 128, 128, 512  # DeepSeek-V2
-    return (f"the merged matrix maps the heads' averaged latents straight to the output. At DeepSeek-V2's sizes it holds "
-            f"{E * H * Dc / 1e6:.0f}M numbers against W_O's {E * H * D / 1e6:.0f}M: folding saves one product per new "
-            f"token at the price of an output matrix d_c / d_h = {Dc // D} times larger.")
+    return (f"the merged matrix maps the heads' averaged latents straight to the output, in one product instead of two. "
+            f"That saves no work: at DeepSeek-V2's sizes it holds {E * H * Dc / 1e6:.0f}M numbers, so a new token costs "
+            f"{E * H * Dc / 1e6:.0f}M multiply-adds through it, against {H * D * Dc / 1e6:.1f}M for W_UV head by head "
+            f"plus {E * H * D / 1e6:.1f}M for W_O, {(H * D * Dc + E * H * D) / 1e6:.1f}M in all (section 4 counts "
+            f"this).")

@@ -1,0 +1,41 @@
+"""The size and work watch of chapter 11's exercise 2 (``attn_course.exercises.ch11``).
+
+It lives outside the check module on purpose: its ``__torch_dispatch__`` runs while the student's answer
+runs, and the check mechanism forbids an answer to enter a check module's code (``chNN``)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+_PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot"}
+_ELEMENTWISE_PRODUCTS = {"mul", "mul_", "addcmul", "addcmul_"}  # what ``*``, ``torch.mul``, ``outer`` come down to
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records, while active, the largest tensor any operation makes (views included) and the
+    multiply-adds: those of the matrix products (``mm``, ``bmm`` and their kin, which ``@``, ``matmul``,
+    ``einsum`` and ``nn.functional.linear`` come down to) and one per element of every elementwise
+    product of two tensors (``*`` followed by ``.sum()`` is a product too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel, self.shape, self.multiply_adds = 0, (), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+        if name in _PRODUCTS:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            first, second = tensors[-2], tensors[-1]  # addmm(bias, a, b), baddbmm(bias, a, b): the last two
+            batch = first.shape[0] if first.dim() == 3 else 1
+            inner = first.shape[-1]
+            self.multiply_adds += batch * inner * (first.shape[-2] if first.dim() >= 2 else 1) * (
+                second.shape[-1] if second.dim() >= 2 else 1)
+        elif name in _ELEMENTWISE_PRODUCTS and sum(isinstance(a, torch.Tensor) and a.numel() > 1 for a in args) >= 2:
+            self.multiply_adds += max(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.numel() > self.numel:
+                self.numel, self.shape = tensor.numel(), tuple(tensor.shape)
+        return out
