@@ -787,3 +787,51 @@ def test_a_half_precision_result_of_float32_inputs_is_named(half):
     assert wrong.status == "incorrect" and str(half) in wrong.message and "float32" in wrong.message
     assert check_scale(lambda x: x * 0.5), "float32 in, float32 out"
     assert check_scale(lambda x: x.double() * 0.5), "more precise than the inputs is not a mistake"
+
+
+# --------------------------------------------------------------------------------------------------
+# The checks' own code: an answer that calls a check module's reference is named; what the check hands over runs
+
+_FAKE_CHECK_SOURCE = '''
+import torch
+from torch import nn
+from attn_course.exercises import call
+
+def _reference(x):
+    return _helper(x) * 2
+
+def _helper(x):
+    return x + 1
+
+class Doubler(nn.Module):
+    def forward(self, x):
+        return _helper(x) * 2
+
+def run(fn, *args):
+    return call(fn, *args)
+'''
+
+
+def _fake_check_module():
+    module = type(sys)("attn_course.exercises.ch99")
+    exec(compile(_FAKE_CHECK_SOURCE, "<ch99>", "exec"), module.__dict__)
+    return module
+
+
+def test_an_answer_that_calls_the_checks_reference_is_named():
+    ch99 = _fake_check_module()
+    x = torch.arange(3.0)
+    with pytest.raises(ex.Mismatch, match=r"attn_course\.exercises\.ch99\._reference: that is the check's own code"):
+        ch99.run(lambda t: ch99._reference(t), x)
+    with pytest.raises(ex.Mismatch, match=r"ch99\._helper"):
+        ch99.run(lambda t: ch99._helper(t) * 2, x)
+    # the student's own code, and what the check passed in (a module whose forward calls the check's helper), run
+    assert torch.equal(ch99.run(lambda t: (t + 1) * 2, x), torch.tensor([2.0, 4.0, 6.0]))
+    assert torch.equal(ch99.run(lambda model, t: model(t), ch99.Doubler(), x), torch.tensor([2.0, 4.0, 6.0]))
+    assert torch.equal(ch99.run(lambda f, t: f(t), ch99._reference, x), torch.tensor([2.0, 4.0, 6.0]))
+
+
+def test_a_real_check_names_an_answer_built_on_its_reference():
+    from attn_course.exercises import ch01
+    feedback = ch01.check_general_attention(lambda s, H, W_a: ch01._general(s, H, W_a))
+    assert feedback.status == "incorrect" and "check's own code" in str(feedback), str(feedback)

@@ -157,7 +157,9 @@ def call(fn: Callable, *args, **kwargs) -> Any:
 
     - The routes that the running check forbids (``@exercise(forbid=...)``), and those of any
       :func:`forbidden` block around this call, are watched while ``fn`` runs; the first one it used
-      raises :class:`Mismatch` ("you called torch.log_softmax: ...").
+      raises :class:`Mismatch` ("you called torch.log_softmax: ..."). So does calling the code of a
+      chapter's check module (``attn_course.exercises.chNN``: its reference answers), except what the
+      check passed to ``fn`` itself (a model, a callback).
     - A stub (``...``/None result, ``NotImplementedError``) raises :class:`NotAttempted`; any other
       exception of the student's becomes an "error" feedback without a traceback.
     - Every input is copied first and compared afterwards (tensors, also inside lists, tuples and
@@ -176,18 +178,17 @@ def call(fn: Callable, *args, **kwargs) -> Any:
     marks = [(guard, len(guard.violations)) for guard in outer]
     failure: BaseException | None = None
     result = None
-    guard = forbidden(*routes) if routes else None
-    if guard is not None:
-        guard.__enter__()
+    # Always watched: the check's own code (its reference answer), unless the check passed it in.
+    guard = forbidden(*routes, check_code=(fn, args, kwargs))
+    guard.__enter__()
     try:
         result = fn(*args, **kwargs)
     except Exception as error:  # the student's code failed: reported below, without a traceback
         failure = error
     finally:
-        if guard is not None:
-            guard._exit_quietly()
+        guard._exit_quietly()
     violation = None
-    for watcher, before in [(guard, 0)] * (guard is not None) + marks:
+    for watcher, before in [(guard, 0)] + marks:
         if len(watcher.violations) > before and violation is None:
             violation = watcher.violations[before]
         watcher.reported = len(watcher.violations)

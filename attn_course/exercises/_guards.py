@@ -26,8 +26,11 @@ check runs, say); the guard sees calls made from Python in the current thread.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -408,6 +411,98 @@ def _build_rules(routes: Iterable[Any], reason: str | None) -> _Rules:
     return rules
 
 
+# --------------------------------------------------------------------------------------------------
+# The checks' own code: an answer may not call it (a check's reference answer is the answer)
+
+_CHECK_MODULE = re.compile(r"^attn_course\.exercises\.ch\d\d$")
+_CALLED_BY_TORCH = ("__torch_function__", "__torch_dispatch__")
+CHECK_CODE_REASON = ("that is the check's own code (its reference answer); the exercise asks you to write the "
+                     "answer yourself")
+
+
+def _is_check_frame(frame) -> bool:
+    name = frame.f_globals.get("__name__") if frame is not None else None
+    return isinstance(name, str) and _CHECK_MODULE.match(name) is not None
+
+
+def _function_codes(function: Any) -> list:
+    """The function's own code and, for a decorated one (functools.wraps), the code it wraps."""
+    if not callable(function):
+        return []
+    codes = [getattr(function, "__code__", None)]
+    try:
+        codes.append(getattr(inspect.unwrap(function), "__code__", None))
+    except ValueError:  # a cycle of __wrapped__
+        pass
+    return [code for code in codes if isinstance(code, types.CodeType)]
+
+
+def codes_passed_in(values: Any) -> set:
+    """The code objects that a check hands to the student's function in ``values`` (the arguments):
+    functions and lambdas, bound methods, partials, generators, classes and the classes of objects
+    (every function in their ``__dict__`` along the MRO, properties included), and what containers,
+    modules and the check's own objects hold. Running these is the check's doing, not the answer's."""
+    found: set = set()
+    seen: set = set()
+
+    def add_class(cls: type) -> None:
+        if id(cls) in seen:
+            return
+        seen.add(id(cls))
+        for klass in cls.__mro__:
+            if klass.__module__ in ("builtins", "torch.nn.modules.module") or klass is object:
+                continue
+            for member in vars(klass).values():
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                if isinstance(member, property):
+                    for accessor in (member.fget, member.fset, member.fdel):
+                        found.update(_function_codes(accessor))
+                elif isinstance(member, types.FunctionType):
+                    found.update(_function_codes(member))
+
+    def visit(value: Any, depth: int) -> None:
+        if depth > 6 or value is None or isinstance(value, (torch.Tensor, str, bytes, int, float, complex, bool)):
+            return
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, types.FunctionType):
+            found.update(_function_codes(value))
+            for cell in value.__closure__ or ():
+                try:
+                    visit(cell.cell_contents, depth + 1)
+                except ValueError:  # an empty cell
+                    pass
+        elif isinstance(value, types.MethodType):
+            visit(value.__func__, depth + 1)
+            visit(value.__self__, depth + 1)
+        elif isinstance(value, functools.partial):
+            visit(value.func, depth + 1)
+            for item in (*value.args, *value.keywords.values()):
+                visit(item, depth + 1)
+        elif isinstance(value, types.GeneratorType):
+            found.add(value.gi_code)
+        elif isinstance(value, type):
+            add_class(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth + 1)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            for item in value:
+                visit(item, depth + 1)
+        elif isinstance(value, types.ModuleType):
+            return
+        else:
+            add_class(type(value))
+            if isinstance(value, nn.Module) or _CHECK_MODULE.match(type(value).__module__ or ""):
+                for item in getattr(value, "__dict__", {}).values():
+                    visit(item, depth + 1)
+
+    visit(values, 0)
+    return found
+
+
 _ACTIVE: list["forbidden"] = []  # the guards in force, innermost last
 _PREVIOUS_PROFILE: list = []  # the profile function to restore when the last guard ends
 
@@ -460,9 +555,13 @@ class forbidden:
     ``forbid=`` of ``@exercise`` does that for every :func:`call` of the check.
     """
 
-    def __init__(self, *routes: Any, reason: str | None = None) -> None:
+    def __init__(self, *routes: Any, reason: str | None = None, check_code: Any = None) -> None:
         self._routes = routes
         self._reason = reason
+        # check_code: the arguments a check passes (see codes_passed_in); when given, the guard also
+        # forbids entering any other code of a check module (attn_course.exercises.chNN) from outside it.
+        self._watch_checks = check_code is not None
+        self._allowed_check_codes = codes_passed_in(check_code) if self._watch_checks else set()
         self._rules = _Rules()
         self.violations: list[Violation] = []
         self.reported = 0
@@ -476,7 +575,7 @@ class forbidden:
     def __enter__(self) -> "forbidden":
         self._rules = _build_rules(self._routes, self._reason)
         self._base = sys._getframe(1)
-        self._python = bool(self._rules.codes or self._rules.package or self._rules.torch_objects)
+        self._python = bool(self._rules.codes or self._rules.package or self._rules.torch_objects or self._watch_checks)
         if self._python and not any(guard._python for guard in _ACTIVE):
             _PREVIOUS_PROFILE[:] = [sys.getprofile()]
             sys.setprofile(_profile)
@@ -548,6 +647,15 @@ class forbidden:
             self._record(_torch_route_name(func) + note, reason)
 
     def _observe_python(self, frame) -> None:
+        if self._watch_checks and _is_check_frame(frame):
+            # Not the answer's doing: code the check passed in, code called by the check's own code, a
+            # torch function/dispatch mode the check set up (torch calls it), a hook run by autograd's thread.
+            if (frame.f_code not in self._allowed_check_codes and frame.f_back is not None
+                    and not _is_check_frame(frame.f_back) and frame.f_code.co_name not in _CALLED_BY_TORCH):
+                code = frame.f_code
+                self._record(f"{frame.f_globals['__name__']}.{getattr(code, 'co_qualname', code.co_name)}",
+                             CHECK_CODE_REASON)
+            return
         rules = self._rules
         hit = rules.codes.get(frame.f_code)
         if hit is not None:
