@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import attn_course as ac
+import attn_course.exercises.ch06 as ch06
 from attn_course.exercises.ch06 import (
     check_first_offset_below,
     check_halves_shift_matrix,
@@ -86,7 +87,7 @@ def first_offset_package(fraction, d_model, base=10000.0):  # reads the package'
 
 def recover_offset(pe_a, pe_b, pair=-1):
     d_model = pe_a.numel()
-    i = d_model // 2 - 1 if pair == -1 else pair  # the slowest pair by default
+    i = d_model // 2 + pair if pair < 0 else pair  # the slowest pair by default; -2 the next slowest ...
     omega = 10000 ** (-2 * i / d_model)
     angle_a = torch.atan2(pe_a[2 * i], pe_a[2 * i + 1])
     angle_b = torch.atan2(pe_b[2 * i], pe_b[2 * i + 1])
@@ -119,6 +120,12 @@ def absolute_positions_offset(pe_a, pe_b):  # read each position off the slowest
     d_model = pe_a.numel()
     omega = 10000 ** (-(d_model - 2) / d_model)
     return round(torch.atan2(pe_b[-2], pe_b[-1]).item() / omega) - round(torch.atan2(pe_a[-2], pe_a[-1]).item() / omega)
+
+
+def hard_coded_width_offset(pe_a, pe_b):  # the slowest pair, but d_model = 64 whatever the vectors' length
+    omega = 10000 ** (-(64 - 2) / 64)
+    turn = math.remainder(float(torch.atan2(pe_b[-2], pe_b[-1]) - torch.atan2(pe_a[-2], pe_a[-1])), 2 * math.pi)
+    return round(turn / omega)
 
 
 RIGHT = [
@@ -154,7 +161,11 @@ def test_other_right_answers_pass():
     assert check_recover_offset(brute_force_offset)
     assert check_halves_shift_matrix(permuted_shift)
     assert check_halves_shift_matrix(lambda k, d: halves_shift_matrix(k, d, dtype=torch.float32))  # float32 passes
-    assert check_recover_offset(lambda a, b: recover_offset(a, b, pair=20))  # any slow-enough pair works
+    assert check_recover_offset(lambda a, b: recover_offset(a, b, pair=-5))  # any slow-enough pair works
+    assert check_recover_offset(lambda a, b: torch.tensor(recover_offset(a, b)))  # a one-element integer tensor
+    assert check_sinusoidal_encoding(lambda n, d: sinusoidal_encoding(n, d, dtype=torch.float64))
+    assert check_first_offset_below(lambda f, d, b=10000.0: next(  # a scan with no bound, float32 angles
+        k for k in range(1, 10**6) if torch.cos(k * b ** (-torch.arange(0, d, 2).float() / d)).mean() < f))
     assert check_recover_offset(lambda a, b: np.int64(recover_offset(a, b)))  # a numpy integer is a number
     assert check_first_offset_below(lambda f, d, b: torch.tensor(first_offset_below(f, d, b)))  # one-element tensor
     assert check_sinusoidal_encoding(lambda n, d: torch.stack(
@@ -199,7 +210,7 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
          "you called attn_course.sinusoidal_positional_encoding"),
         (check_recover_offset, lambda a, b: -recover_offset(a, b), "wrong sign"),
         (check_recover_offset, lambda a, b: abs(recover_offset(a, b)), "not its direction"),
-        (check_recover_offset, lambda a, b: recover_offset(a, b) + 1, "12 of 12 offsets are wrong"),
+        (check_recover_offset, lambda a, b: recover_offset(a, b) + 1, "22 of 22 offsets are wrong"),
         (check_recover_offset, lambda a, b: float("nan"), "finite"),
         # exercise 1: off by one, the exponent, the direction of the division
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, first=1), "off by one"),
@@ -237,6 +248,28 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
         (check_halves_shift_matrix, lambda k, d: halves_shift_matrix(k + 1, d), "differs from PE_half[p + k]"),
         (check_halves_shift_matrix, lambda k, d: halves_shift_matrix(k, d)[:-1], "expected shape (8, 8)"),
         (check_halves_shift_matrix, lambda k, d: torch.eye(d, dtype=torch.long), "floating-point"),
+        # the second review's accepted answers. Exercise 1: half precision; the check module's own helper
+        (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, dtype=torch.float64).half(),
+         "float32 or float64"),
+        (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, dtype=torch.float64).bfloat16(),
+         "float32 or float64"),
+        (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, dtype=torch.float16), "float32 or float64"),
+        (check_sinusoidal_encoding, lambda n, d: ch06._encoding_rows(list(range(n)), d), "check's own code"),
+        # exercise 2: the search starts at k = 2 (a loop that adds one first), a bounded scan, the check's helper
+        (check_first_offset_below, lambda f, d, b: next(k for k in range(2, 10**6) if similarity(k, d, b) < f),
+         "start the search at k = 1"),
+        (check_first_offset_below, lambda f, d, b: next((k for k in range(1, 1000) if similarity(k, d, b) < f), 999),
+         "stop early"),
+        (check_first_offset_below, lambda f, d, b: ch06._first_below(f, d, b), "check's own code"),
+        # exercise 3: the width hard-coded (the notebook's d_demo = 64), an unrounded float
+        (check_recover_offset, hard_coded_width_offset, "right for d_model = 64 but not for d_model = 32"),
+        (check_recover_offset, lambda a, b: recover_offset(a, b) + 1e-9, "return the integer k"),
+        (check_recover_offset, lambda a, b: float(recover_offset(a, b)), "return the integer k"),
+        # exercise 4: the package's rotary embedding (the rotate_half layout), the check's helper
+        (check_halves_shift_matrix, lambda k, d: ac.apply_rotary_embedding(
+            torch.eye(d, dtype=torch.float64), torch.full((d,), k), interleaved=False),
+         "you called attn_course.apply_rotary_embedding"),
+        (check_halves_shift_matrix, lambda k, d: ch06._halves_shift(k, d), "check's own code"),
     ],
 )
 def test_wrong_answers_say_what_is_wrong(check, answer, words):

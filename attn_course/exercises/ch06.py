@@ -5,7 +5,8 @@ Each check names the usual mistakes (the column index in the exponent, sine and 
 curve that is not monotone, an angle difference that is not wrapped, the inverse rotation) and uses the
 shared mechanism of ``attn_course.exercises``: the package forbidden where the exercise says so
 (``forbid=("attn_course",)``), inputs watched for changes in place, numpy integers accepted. Exercise
-3 tries positions around 23,559 and 70,676, where the slowest pair of a 64-wide encoding wraps around. The table
+3 tries positions around 23,559 and 70,676, where the slowest pair of a 64-wide encoding wraps around, and the
+widths 32 and 128 near their own wrapping points; it wants an integer, as exercise 2 does. The table
 of wrong answers is in tests/test_exercises_ch06.py.
 """
 
@@ -70,6 +71,10 @@ def check_sinusoidal_encoding(sinusoidal_encoding) -> str:
         what = f"sinusoidal_encoding(max_len={max_len}, d_model={d_model})"
         got = call(sinusoidal_encoding, max_len, d_model)
         expect_tensor(got, what=what, shape=(max_len, d_model), dtype="float")
+        if got.dtype not in (torch.float32, torch.float64):
+            raise Mismatch(f"{what}: your table is {got.dtype}; compute and return it in float32 or float64. In half "
+                           "precision the angles of later positions are rounded (float16 holds no integer above 2048 "
+                           "exactly) and the table's values carry only about three significant digits.")
         right = sinusoidal_positional_encoding(max_len, d_model, dtype=torch.float64)
         wrong = {name: w for name, w in _variants(max_len, d_model).items() if not torch.allclose(w, right)}
         if "column index" in wrong and _close(got, wrong["column index"]):
@@ -131,12 +136,14 @@ def _bisection(fraction: float, d_model: int, base: float, high: int) -> int:
 @exercise(
     "Exercise 2, where the similarity of two positions first drops",
     hint="divide the dot product of section 4 by its value at offset zero (a mean over the pairs instead of a "
-    "sum), with the frequencies of the given base, and try the offsets one at a time, from one upwards",
+    "sum), with the frequencies of the given base; the answer is the first offset, counting from one, whose "
+    "similarity is below the fraction, however far along it lies",
     forbid=("attn_course",),
 )
 def check_first_offset_below(first_offset_below) -> str:
     cases = [(0.5, 128, 10000.0), (0.25, 128, 10000.0), (0.6, 16, 10000.0), (0.8, 16, 10000.0),
-             (0.5, 64, 500000.0), (0.4, 32, 100.0), (0.1, 128, 10000.0)]
+             (0.5, 64, 500000.0), (0.4, 32, 100.0), (0.1, 128, 10000.0), (0.95, 16, 10000.0),
+             (0.05, 128, 10000.0)]  # answers 46, 198, 8, 2, 78, 9, 721, 1 and 1109
     for fraction, d_model, base in cases:
         what = f"first_offset_below({fraction}, d_model={d_model}, base={base:g})"
         got = expect_int(call(first_offset_below, fraction, d_model, base), what=what)
@@ -147,6 +154,10 @@ def check_first_offset_below(first_offset_below) -> str:
         at = lambda k: float(_similarity(k, d_model, base))  # noqa: E731
         if got < 1:
             raise Mismatch(message + " The offset k is a positive number of positions: start from k = 1")
+        if want == 1:
+            raise Mismatch(message + " Here the similarity is already below the fraction at k = 1 "
+                           f"({at(1):.3f} < {fraction}): start the search at k = 1 itself (a loop that adds one "
+                           "before its first test skips it)")
         sums = lambda ks, d, b: _similarity(ks, d, b) * (d // 2)  # noqa: E731  (the dot product, not normalised)
         wrong = {
             "You compared the dot product itself with the fraction: divide it by PE_p · PE_p = d_model / 2 (its "
@@ -173,7 +184,9 @@ def check_first_offset_below(first_offset_below) -> str:
         if at(got) >= fraction:
             raise Mismatch(f"{message} At k = {got} the similarity is {at(got):.3f}, not below {fraction}"
                            + (" (off by one: return the first k that is below, not the last that is not)"
-                              if got == want - 1 else ""))
+                              if got == want - 1 else
+                              f" (it first drops below at k = {want}: does your search stop early, at a bound of "
+                              "its own?)" if got < want else ""))
         raise Mismatch(message)
     return ("your offsets are where the similarity first drops below each fraction, for every width and base "
             "tried.")
@@ -193,45 +206,59 @@ def _encoding_rows(positions, d_model: int) -> torch.Tensor:
     "over 100 positions, and bring the turn into the range from -π to π before dividing",
 )
 def check_recover_offset(recover_offset) -> str:
-    d_model = 64
-    slowest = float(_frequencies(d_model)[-1])  # its angle passes π at p = π / omega, about 23,559 (and 3π at 70,676)
-    # Small positions, then positions where the slowest pair's angle passes π between p and p + k, and beyond.
-    cases = [(0, 0), (7, 1), (7, -1), (300, 5), (40, -17), (1234, 42), (150, -99), (3, 98),
-             (23_540, 42), (23_580, -30), (50_000, 7), (70_650, 60)]
-    rows = _encoding_rows(sorted({q for p, k in cases for q in (p, p + k)}), d_model)
-    index = {q: i for i, q in enumerate(sorted({q for p, k in cases for q in (p, p + k)}))}
-    answers = []
-    for p, k in cases:
-        what = f"recover_offset(PE[{p}], PE[{p + k}]) with d_model={d_model}"
-        got = expect_number(call(recover_offset, rows[index[p]].clone(), rows[index[p + k]].clone()), what=what)
-        expect(math.isfinite(got), f"{what}: expected a finite number, got {got}")
-        answers.append((p, k, got))
-    wrong = [(p, k, got) for p, k, got in answers if round(got) != k or abs(got - k) > 1e-3]
+    answers = []  # (d_model, p, k, got), every width
+    for d_model in (64, 32, 128):
+        slowest = float(_frequencies(d_model)[-1])  # for 64 its angle passes π at p = π / omega, about 23,559
+        wraps = round(math.pi / slowest)  # (and 3π at 70,676); for 32 about 17,671, for 128 about 27,197
+        if d_model == 64:  # small positions, then where the slowest pair's angle passes π, and beyond
+            cases = [(0, 0), (7, 1), (7, -1), (300, 5), (40, -17), (1234, 42), (150, -99), (3, 98),
+                     (23_540, 42), (23_580, -30), (50_000, 7), (70_650, 60)]
+        else:
+            cases = [(5, 3), (90, -61), (2, 97), (wraps - 20, 45), (wraps + 15, -40)]
+        positions = sorted({q for p, k in cases for q in (p, p + k)})
+        rows = _encoding_rows(positions, d_model)
+        index = {q: i for i, q in enumerate(positions)}
+        for p, k in cases:
+            what = f"recover_offset(PE[{p}], PE[{p + k}]) with d_model={d_model}"
+            raw = call(recover_offset, rows[index[p]].clone(), rows[index[p + k]].clone())
+            got = expect_number(raw, what=what)
+            expect(math.isfinite(got), f"{what}: expected a finite number, got {got}")
+            expect(isinstance(got, int), f"{what}: return the integer k, got the float {got!r}: round your "
+                   "estimate to the nearest integer (it is a whole number of positions)")
+            answers.append((d_model, p, k, got))
+    wrong = [(d, p, k, got) for d, p, k, got in answers if got != k]
     if wrong:
-        if all(round(got) == -k for _, k, got in answers):
+        if all(got == -k for _, _, k, got in answers):
             raise Mismatch("every offset has the wrong sign: k is defined by PE[p + k] = second argument, so "
                            "k > 0 when the second position comes later.")
-        if all(round(got) == abs(k) for _, k, got in answers):
+        if all(got == abs(k) for _, _, k, got in answers):
             raise Mismatch("you found the distance |k| but not its direction (the dot product cannot tell them "
                            "apart). Use the angles of the pairs, which rotate one way for k > 0 and the other for k < 0.")
-        fast = [math.remainder(k, 2 * math.pi) for _, k, _ in answers]  # what the fastest pair (omega = 1) reads
-        if all(abs(got - f) < 0.51 for (_, _, got), f in zip(answers, fast)):
+        fast = [math.remainder(k, 2 * math.pi) for _, _, k, _ in answers]  # what the fastest pair (omega = 1) reads
+        if all(abs(got - f) < 0.51 for (_, _, _, got), f in zip(answers, fast)):
             raise Mismatch("your answers are right for small |k| but wrap around for larger ones: you read the "
                            "fastest pair (omega = 1), whose angle repeats every 2π ≈ 6.3 positions. Use a pair "
                            "that turns by less than π over 100 positions (a slow one, near the last columns).")
-        turn = 2 * math.pi / slowest
-        if all(p >= 20_000 for p, _, _ in wrong) and all(abs(abs(got - k) - turn) < 0.02 * turn for _, k, got in wrong):
-            p, k, got = wrong[0]
-            raise Mismatch(f"recover_offset(PE[{p}], PE[{p + k}]) should be {k}, got {got:.0f}: off by one whole turn of "
-                           f"the slowest pair (2π / omega ≈ {turn:,.0f} positions). Between these two positions that "
-                           "pair's angle passes π, where atan2 jumps from π to -π: bring the difference of the two angles "
-                           "back into (-π, π] before dividing (reading each absolute position and subtracting them "
-                           "breaks the same way)")
-        p, k, got = wrong[0]
+        widths = sorted({d for d, *_ in wrong})
+        if 64 not in widths:
+            d, p, k, got = wrong[0]
+            raise Mismatch(f"your offsets are right for d_model = 64 but not for d_model = {d}: for example "
+                           f"recover_offset(PE[{p}], PE[{p + k}]) should be {k}, got {got}. Take the width from the "
+                           "vectors you are given (their length), not from a number of your own or the notebook's.")
+        turns = {d: 2 * math.pi / float(_frequencies(d)[-1]) for d in widths}
+        far = [(d, p, k, got) for d, p, k, got in wrong if abs(abs(got - k) - turns[d]) < 0.02 * turns[d]]
+        if far == wrong:
+            d, p, k, got = wrong[0]
+            raise Mismatch(f"recover_offset(PE[{p}], PE[{p + k}]) with d_model={d} should be {k}, got {got}: off by "
+                           f"one whole turn of the slowest pair (2π / omega ≈ {turns[d]:,.0f} positions). Between "
+                           "these two positions that pair's angle passes π, where atan2 jumps from π to -π: bring the "
+                           "difference of the two angles back into (-π, π] before dividing (reading each absolute "
+                           "position and subtracting them breaks the same way)")
+        d, p, k, got = wrong[0]
         raise Mismatch(f"{len(wrong)} of {len(answers)} offsets are wrong; for example recover_offset(PE[{p}], "
-                       f"PE[{p + k}]) should be {k}, got {got}.")
-    return ("the offset k can be read off the encodings alone, sign included, even far along: position is relative "
-            "as well as absolute.")
+                       f"PE[{p + k}]) with d_model={d} should be {k}, got {got}.")
+    return ("the offset k can be read off the encodings alone, sign included, at every width tried and even far "
+            "along: position is relative as well as absolute.")
 
 
 def _halves_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -259,6 +286,7 @@ def _interleaved_shift(k: int, d_model: int) -> torch.Tensor:
     hint="pair i now sits in column i (its sine) and column i + d_model/2 (its cosine): it turns by the same "
     "angle omega_i k as in section 4, so its 2 x 2 rotation keeps its four numbers and only moves to those rows "
     "and columns",
+    forbid=("attn_course",),
 )
 def check_halves_shift_matrix(halves_shift_matrix) -> str:
     max_len, tol = 160, 2e-5  # float32 answers pass: their angles err by about 1e-6 at k = 40
