@@ -1011,14 +1011,17 @@ def head_split(L: int = 5, E: int = 12, H: int = 3, *, batch: int | None = None,
 
 
 def multihead_flow(L: int = 5, E: int = 12, H: int = 3, *, kv_heads: int | None = None, batch: int | None = None,
-                   names: Mapping[str, str] | None = None, shapes: str = "both", legend: bool = False):
+                   names: Mapping[str, str] | None = None, shapes: str = "both", legend: bool = False,
+                   projections: bool = False):
     """Multi-head attention: Q, K, V split into heads, attention in each head, heads concatenated, W_O.
 
     Args:
         L: tokens. E: model width. H: query heads (``E % H == 0``; D = E / H).
         kv_heads: key/value heads G for grouped-query attention (chapter 10; ``H % G == 0``).
         batch: add a batch axis B to the shapes. names: other symbols, e.g. ``{"L": "T"}``.
-        shapes: "both", "numbers" or "symbols". legend: add a row naming the colours.
+        shapes: "both", "numbers" or "symbols". legend: add a row naming the colours, the heads' too.
+        projections: start from the input X and each head's own projections W_Q,h, W_K,h, W_V,h
+            (E, D) (chapter 05); without it the drawing starts from Q, K and V already split.
 
     Returns:
         The ``Figure``; its alt text is ``fig.attn_alt``.
@@ -1034,11 +1037,12 @@ def multihead_flow(L: int = 5, E: int = 12, H: int = 3, *, kv_heads: int | None 
 
     def draw(d: Diagram) -> str:
         f = d.lift(H)
-        gap = 0.5 + f
+        gap = 0.5 + f + (0.45 if projections else 0.0)  # room for the shapes below the blocks
         y = f + d.ext(L) / 2
         blocks = []
         for name, role, n in (("Q", "query", H), ("K", "key", G), ("V", "value", G)):
-            blk = d.block((d.ext(D) / 2, y), L, D, role=role, name=name, depth=n, shape_at="left",
+            blk = d.block((d.ext(D) / 2, y), L, D, role=role, name=name, depth=n,
+                          shape_at="below" if projections else "left",
                           shape=shp(*b, "H" if n == H else "G", "L", "D"),
                           slice_edges=heads_edges if n == H else None)
             blocks.append(blk)
@@ -1061,13 +1065,40 @@ def multihead_flow(L: int = 5, E: int = 12, H: int = 3, *, kv_heads: int | None 
         out = d.block((wo.x1 + 0.35 + d.ext(E) / 2, c.center[1]), L, E, role="output", name="Y",
                       shape=shp(*b, "L", "E"))
         d.arrow(wo.right, out.left)
+        start = ""
+        if projections:
+            w_x = d.ext(E)
+            labels = [f"@ W_{name},h" for name in "QKV"]
+            node_w = max(_text_box(label, _OP_PT)[0] + 0.16 for label in labels)
+            x_node = -(0.22 + node_w / 2)
+            trunk = x_node - node_w / 2 - 0.22
+            y_x = blocks[1].center[1]
+            x_blk = d.block((trunk - 0.15 - w_x / 2, y_x), L, E, role="input", name="X", shape=shp(*b, "L", "E"))
+            d.arrow(x_blk.right, (trunk, y_x), head=False)
+            for blk, label in zip(blocks, labels):
+                ty = blk.center[1]
+                node = d.op((x_node, ty), label, width=node_w)
+                d.arrow((trunk, y_x), node.left, via=[(trunk, ty)] if ty != y_x else ())
+                d.arrow(node.right, (blk.x0, ty))
+            d.text(x_node, blocks[0].y0 - f - 0.3, "each head h has its own (E, D)\nslices of W_Q, W_K and W_V",
+                   size=_SMALL_PT, colour=MUTED)
+            start = (f"the input X {shp.alt(*b, 'L', 'E')} is multiplied by each head's own projections W_Q,h, "
+                     f"W_K,h and W_V,h of shape (E, D) = ({E}, {D}), giving ")
         if legend:
             d.legend()
+            y_heads = d._bounds[3] + 0.22
+            x = d._bounds[0]
+            for h in range(H):
+                swatch = d.block((x + 0.08, y_heads), 1, 1, role="output", width=0.16, height=0.14, grid=False,
+                                 slice_fills=[head_colour(h)])
+                label = d.text(swatch.x1 + 0.06, y_heads, f"head {h}", size=_SMALL_PT, colour=INK, ha="left")
+                x = label.x1 + 0.22
         kv_words = (f"keys K and values V {shp.alt(*b, 'H', 'L', 'D')}" if G == H else
                     f"keys K and values V {shp.alt(*b, 'G', 'L', 'D')} (each key/value head shared by {H // G} "
                     "query heads)")
-        return (f"Diagram of {'grouped-query' if G != H else 'multi-head'} attention with {H} heads: queries Q "
-                f"{shp.alt(*b, 'H', 'L', 'D')} and {kv_words} go through attention in each head separately; the "
+        return (f"Diagram of {'grouped-query' if G != H else 'multi-head'} attention with {H} heads: {start}queries Q "
+                f"{shp.alt(*b, 'H', 'L', 'D')} and {kv_words}{', which' if start else ''} go through attention in "
+                f"each head separately; the "
                 f"{H} head outputs {shp.alt(*b, 'H', 'L', 'D')}, one colour per head, are concatenated side by "
                 f"side into {shp.alt(*b, 'L', 'E')}, and the output projection W_O mixes them into Y "
                 f"{shp.alt(*b, 'L', 'E')}.")

@@ -40,6 +40,8 @@ CASES = {
     "head_layouts_split": lambda: dg.head_layouts(T=5, E=12, H=3),
     "head_layouts_merge": lambda: dg.head_layouts(T=7, E=16, H=4, step="merge"),
     "multihead": lambda: dg.multihead_flow(L=5, E=12, H=3),
+    "multihead_projections": lambda: dg.multihead_flow(L=5, E=12, H=3, batch=2, names={"L": "T"}, legend=True,
+                                                       projections=True),
     "multihead_gqa": lambda: dg.multihead_flow(L=6, E=32, H=8, kv_heads=2, batch=2, legend=True),
     "multihead_huge": lambda: dg.multihead_flow(L=4096, E=8192, H=64, kv_heads=8),
     "seq2seq_additive": lambda: dg.seq2seq_attention(S=6, D=8),
@@ -517,6 +519,16 @@ def test_head_layouts_draws_the_tokens_that_torch_puts_in_each_head(T, E, H):
     assert f"fills row 0 with tokens {', '.join(map(str, row0))} of head 0" in merge, merge
     torch.testing.assert_close(heads.transpose(0, 1).reshape(T, E), token)  # with it: x again
 
+
+
+def test_multihead_flow_projections_draw_each_heads_slices_from_x_and_name_the_head_colours():
+    fig = dg.multihead_flow(L=5, E=12, H=3, batch=2, names={"L": "T"}, legend=True, projections=True)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert {"X", "@ W_Q,h", "@ W_K,h", "@ W_V,h", "head 0", "head 1", "head 2"} <= set(texts)
+    assert "(B, T, E)\n(2, 5, 12)" in texts
+    assert "W_Q,h, W_K,h and W_V,h of shape (E, D) = (12, 4)" in fig.attn_alt
+    plain = dg.multihead_flow(L=5, E=12, H=3)
+    assert "X" not in [t.get_text() for t in plain.axes[0].texts] and "head 0" not in plain.attn_alt
 
 @pytest.mark.parametrize("kwargs, match", [({"T": 11}, "T must be at most 10"), ({"E": 18, "H": 3}, "E at most 16"),
                                            ({"E": 12, "H": 5}, "divisible"), ({"step": "both"}, "step must be")])
