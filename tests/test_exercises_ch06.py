@@ -128,6 +128,12 @@ def hard_coded_width_offset(pe_a, pe_b):  # the slowest pair, but d_model = 64 w
     return round(turn / omega)
 
 
+def half_angles_shift(k, d_model):  # the angles and their sines and cosines in float16, the result cast back
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float16) / d_model)
+    cos, sin = torch.diag(torch.cos(omega * k)), torch.diag(torch.sin(omega * k))
+    return torch.cat([torch.cat([cos, sin], 1), torch.cat([-sin, cos], 1)], 0).double()
+
+
 RIGHT = [
     (check_sinusoidal_encoding, sinusoidal_encoding),
     (check_first_offset_below, first_offset_below),
@@ -270,6 +276,9 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
             torch.eye(d, dtype=torch.float64), torch.full((d,), k), interleaved=False),
          "you called attn_course.apply_rotary_embedding"),
         (check_halves_shift_matrix, lambda k, d: ch06._halves_shift(k, d), "check's own code"),
+        # exercise 4: half precision, returned as such or cast back to float64
+        (check_halves_shift_matrix, lambda k, d: halves_shift_matrix(k, d).half(), "float16"),
+        (check_halves_shift_matrix, half_angles_shift, "half precision"),
     ],
 )
 def test_wrong_answers_say_what_is_wrong(check, answer, words):

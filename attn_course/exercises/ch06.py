@@ -298,6 +298,10 @@ def check_halves_shift_matrix(halves_shift_matrix) -> str:
             got = call(halves_shift_matrix, k, d_model)
             expect_tensor(got, what=what, shape=(d_model, d_model))
             expect(got.is_floating_point(), f"{what}: expected floating-point numbers, got dtype {got.dtype}")
+            expect(got.dtype not in (torch.float16, torch.bfloat16),
+                   f"{what}: your matrix is {got.dtype}: its angles omega_i * k and their sines and cosines keep only "
+                   "two or three significant digits, too few to shift an encoding exactly; compute in float32 or "
+                   "float64")
             M = got.detach().to(device="cpu", dtype=torch.float64)
             results[(d_model, k)] = M
             first, last = max(0, -k), max_len - max(0, k)  # every p with p and p + k in the table
@@ -321,6 +325,10 @@ def check_halves_shift_matrix(halves_shift_matrix) -> str:
             if torch.allclose(M, _halves_shift(k, d_model, slower), atol=tol):
                 raise Mismatch(f"{what}: your frequencies use the exponent i / d_model; the encoding's are "
                                "omega_i = 1 / 10000^(2i / d_model), i = 0 .. d_model/2 - 1.")
+            if torch.allclose(M, _halves_shift(k, d_model), atol=1e-2):
+                raise Mismatch(f"{what}: your matrix is right to about two decimals only: were its angles or their "
+                               "sines and cosines computed in half precision (float16, bfloat16)? Compute in float32 "
+                               "or float64.")
             if not torch.allclose(M @ M.T, torch.eye(d_model, dtype=torch.float64), atol=tol):
                 raise Mismatch(f"{what}: your matrix is not a rotation (M Mᵀ ≠ I), so it cannot map one encoding, "
                                "of norm sqrt(d_model/2), onto another of the same norm. Check the signs of the "
