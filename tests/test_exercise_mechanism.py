@@ -835,3 +835,21 @@ def test_a_real_check_names_an_answer_built_on_its_reference():
     from attn_course.exercises import ch01
     feedback = ch01.check_general_attention(lambda s, H, W_a: ch01._general(s, H, W_a))
     assert feedback.status == "incorrect" and "check's own code" in str(feedback), str(feedback)
+
+
+def test_call_elsewhere_names_tensors_made_on_the_cpu():
+    meta = torch.device("meta")
+    x = torch.randn(2, 3, device=meta)
+    what = "f(x) on the meta device"
+    got = ex.call_elsewhere(lambda t: t * 2, x, device=meta, what=what)
+    assert ex.expect_on_device(got, meta, what).shape == (2, 3)
+    with pytest.raises(ex.Mismatch, match="It works only with CPU tensors: a tensor made without device="):
+        ex.call_elsewhere(lambda t: t + torch.zeros(2, 3), x, device=meta, what=what)
+    with pytest.raises(ex.Mismatch, match="numpy holds only CPU data"):
+        ex.call_elsewhere(lambda t: torch.from_numpy(t.numpy()), x, device=meta, what=what)
+    assert ex.call_elsewhere(lambda t: t * t.sum().item(), x, device=meta, what=what) is None  # needs values: not judged
+    with pytest.raises(ex.Mismatch, match="your result is on cpu"):
+        ex.expect_on_device(torch.zeros(2, 3), meta, what)
+    with pytest.raises(ex.NotAttempted):
+        ex.call_elsewhere(lambda t: ..., x, device=meta, what=what)
+    assert ex.other_device().type in ("meta", "cuda", "mps")

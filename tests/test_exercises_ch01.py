@@ -712,14 +712,14 @@ def test_a_half_precision_result_is_named_as_such_not_as_scores():
 def test_on_a_gpu_the_device_case_compares_values(monkeypatch):
     """Where CUDA or MPS exists the last case runs there and compares values: simulated here with the CPU."""
     import attn_course.exercises.ch01 as ch01
-    monkeypatch.setattr(ch01, "_other_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(ch01, "other_device", lambda: torch.device("cpu"))
     for check, answer in ((check_general_attention, general_right), (check_luong_attention, luong_right),
                           (check_teacher_forcing_inputs, inputs_right), (check_token_query_step, token_right)):
         assert check(answer), str(check(answer))
 
 
 def test_the_meta_device_stands_in_for_a_gpu_only_where_there_is_none():
-    import attn_course.exercises.ch01 as ch01
-    device = ch01._other_device()
+    import attn_course.exercises as ex
+    device = ex.other_device()
     gpu = torch.cuda.is_available() or (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available())
     assert (device.type != "meta") == gpu

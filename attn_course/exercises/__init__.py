@@ -121,6 +121,9 @@ __all__ = [
     "expect_close",
     "expect_tensor",
     "expect_same_device",
+    "other_device",
+    "call_elsewhere",
+    "expect_on_device",
     "expect_int",
     "expect_number",
     "expect_sequence",
@@ -205,6 +208,82 @@ def call(fn: Callable, *args, **kwargs) -> Any:
                        "the caller's data stays as it was")
     _mark_input_dtype(result, _floating_dtype_of((args, kwargs)))
     return attempted(result)
+
+
+# --------------------------------------------------------------------------------------------------
+# Another device: where a check tries the answer once more
+
+
+def other_device() -> torch.device:
+    """The notebook's accelerator where there is one (CUDA, then Apple's MPS), else PyTorch's "meta" device,
+    which has shapes and dtypes but no values. A tensor the answer makes without ``device=`` lives on the
+    CPU, and mixing it with the inputs fails on meta as it does on a GPU: trying one case there names it."""
+    from ..utils import get_device  # the chapters' own choice: CUDA, then MPS, then the CPU
+
+    device = get_device()
+    return device if device.type != "cpu" else torch.device("meta")
+
+
+def _meta_note(device: torch.device) -> str:
+    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
+            if device.type == "meta" else "")
+
+
+class _NoData(RuntimeError):
+    """A NotImplementedError raised on the meta device ("Cannot copy out of meta tensor; no data!"): passed
+    on as an error, not taken for the scaffold's ``raise NotImplementedError``."""
+
+
+_NEW_TENSORS = "torch.zeros, torch.full, torch.tensor, torch.arange ..."
+
+
+def call_elsewhere(fn: Callable, *args, device: torch.device, what: str, made_by: str = _NEW_TENSORS) -> Any:
+    """:func:`call` with ``args`` already on ``device`` (from :func:`other_device`). Returns the result, or
+    None where the meta device cannot judge the answer (it needed values: ``.item()``, an ``if`` on a tensor;
+    the CPU cases judged it). An answer that made a tensor on the CPU, or moved data to numpy, raises
+    :class:`Mismatch` saying so; ``made_by`` lists the constructors the message names."""
+    @functools.wraps(fn)
+    def answer(*a, **k):
+        try:
+            return fn(*a, **k)
+        except NotImplementedError as error:
+            if device.type == "meta":
+                raise _NoData(str(error)) from None
+            raise
+
+    if device.type == "meta":  # a module's meta parameters cannot be compared: the CPU cases watched for changes
+        args = tuple(mutable(a) if isinstance(a, torch.nn.Module) else a for a in args)
+    try:
+        return call(answer, *args)
+    except _StudentCodeFailed as failed:
+        error, text = failed.error, str(failed.error)
+        lowered, first = text.lower(), (text.splitlines()[0] if text else "")
+        kind = "NotImplementedError" if isinstance(error, _NoData) else type(error).__name__
+        if "numpy" in lowered and "device" in lowered:
+            raise Mismatch(f"{what}: your code raised {kind}: {first}{_meta_note(device)}. numpy holds only CPU "
+                           "data: copy with .cpu() before .numpy(), and put the result back on the inputs' "
+                           "device") from None
+        # A CPU tensor met the inputs ("... on the expected device cpu", "found ... cuda:0 and cpu"), or data was
+        # copied out of a meta tensor into one. Other errors of the meta device are not the student's: it
+        # refuses a 0-dimensional CPU value in masked_fill, which CUDA accepts.
+        if ("device" in lowered and "cpu" in lowered) or (isinstance(error, _NoData) and "copy" in lowered):
+            raise Mismatch(f"{what}: your code raised {kind}: {first}{_meta_note(device)}. It works only with CPU "
+                           f"tensors: a tensor made without device= ({made_by}) lives on the CPU, whatever the "
+                           "inputs. Make new tensors on the inputs' device (device= from an input, or zeros_like, "
+                           "new_zeros, full_like)") from None
+        if device.type == "meta":
+            return None
+        raise
+
+
+def expect_on_device(got: Any, device: torch.device, what: str, dtype: Any = None) -> torch.Tensor:
+    """``got`` as a tensor on ``device``'s type, or :class:`Mismatch` naming a result made on a fixed device."""
+    got = expect_tensor(got, what=what, dtype=dtype)
+    if got.device.type != device.type:
+        raise Mismatch(f"{what}: the inputs are on the {device.type} device{_meta_note(device)} but your result is "
+                       f"on {got.device}: make new tensors on the inputs' device (device= from an input, or "
+                       "zeros_like, new_zeros, full_like), never on a fixed one")
+    return got
 
 
 _INPUT_DTYPE = "_attn_course_input_dtype"  # set on each result tensor of call(): its inputs' float dtype

@@ -8,22 +8,21 @@ forbidden where the exercise writes it (``forbid=("sdpa",)``), ``ac.shift_right`
 changes in place, sizes unlike the notebook's (``other_sizes``, and one source position), left padding
 and a fully padded row (``padding_cases``), scores near +100 and rows alternating between about +100
 and -100 (``large_scores``), float64 inputs (a result must keep their dtype), one more case on another
-device (:func:`_other_device`), the exact dtype of token ids, and numpy integers accepted as token ids.
+device (:func:`attn_course.exercises.other_device`), the exact dtype of token ids, and numpy integers accepted as token ids.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 
 import numpy as np
 import torch
 
 from ..alignment import AdditiveAttention, DotProductAttention
 from ..rnn import AttentionDecoder, shift_right
-from ..utils import get_device
-from . import (Mismatch, call, exercise, expect, expect_close, expect_sequence, expect_tensor, large_scores,
-               mutable, other_sizes, padding_cases, padding_mask_for, randn, rng)
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_sequence,
+               expect_tensor, large_scores, other_device, other_sizes, padding_cases, padding_mask_for, randn,
+               rng)
 from ._core import _StudentCodeFailed
 
 __all__ = ["check_general_attention", "check_luong_attention", "check_teacher_forcing_inputs",
@@ -100,70 +99,8 @@ def _states_with_scores(query: torch.Tensor, scores: torch.Tensor, generator: to
 
 # --- Another device -------------------------------------------------------------------------------
 
-def _other_device() -> torch.device:
-    """Where each check tries the answer once more: the GPU of the notebook when there is one (CUDA, then
-    Apple's MPS), else PyTorch's "meta" device, which has shapes and dtypes but no values. A tensor made
-    without ``device=`` lives on the CPU, and mixing it with the inputs fails on meta as it does on a GPU."""
-    device = get_device()  # CUDA, then MPS, then the CPU: as the notebook's first cell picks
-    return device if device.type != "cpu" else torch.device("meta")
-
-
 def _where(device: torch.device) -> str:
     return f"the {device.type} device"
-
-
-def _meta_note(device: torch.device) -> str:
-    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
-            if device.type == "meta" else "")
-
-
-class _NoData(RuntimeError):
-    """A NotImplementedError raised on the meta device ("Cannot copy out of meta tensor; no data!"): passed
-    on as an error, not taken for the scaffold's ``raise NotImplementedError``."""
-
-
-def _call_elsewhere(fn, *args, device: torch.device, what: str):
-    """``call(fn, *args)`` with ``args`` already on ``device``. Returns the result, or None when the meta
-    device cannot tell (the answer needed values: an ``if`` on a tensor, ``.item()``, ``.tolist()``)."""
-    @functools.wraps(fn)
-    def answer(*a, **k):
-        try:
-            return fn(*a, **k)
-        except NotImplementedError as error:
-            if device.type == "meta":
-                raise _NoData(str(error)) from None
-            raise
-
-    if device.type == "meta":  # modules' meta parameters cannot be compared: the CPU cases watched for changes
-        args = tuple(mutable(a) if isinstance(a, torch.nn.Module) else a for a in args)
-    try:
-        return call(answer, *args)
-    except _StudentCodeFailed as failed:
-        error = failed.error
-        text = str(error)
-        lowered = text.lower()
-        # A CPU tensor met the inputs ("... on the expected device cpu", "found ... cuda:0 and cpu"), or data was
-        # copied out of a meta tensor into one. Other device errors of the meta device are not the student's:
-        # it refuses a 0-dimensional CPU value in masked_fill, which CUDA accepts.
-        if ("device" in lowered and "cpu" in lowered) or (isinstance(error, _NoData) and "copy" in lowered):
-            raise Mismatch(f"{what}: your code raised {type(error).__name__}: {text.splitlines()[0] if text else ''}"
-                           f"{_meta_note(device)}. It works only with CPU tensors: a tensor made without device= "
-                           "(torch.zeros, torch.full, torch.tensor, torch.arange ...) lives on the CPU, whatever the "
-                           "inputs. Make new tensors on the inputs' device (device= from an input, or zeros_like, "
-                           "new_zeros, full_like)") from None
-        if device.type == "meta":
-            return None
-        raise
-
-
-def _on_device(got, device: torch.device, what: str) -> torch.Tensor:
-    got = expect_tensor(got, what=what)
-    if got.device.type != device.type:
-        raise Mismatch(f"{what}: the inputs are on {_where(device)}{_meta_note(device)} but your result is on "
-                       f"{got.device}: make new "
-                       "tensors on the inputs' device (device= from an input, or zeros_like, new_zeros, full_like), "
-                       "never on a fixed one")
-    return got
 
 
 # --- Exercise 1 -----------------------------------------------------------------------------------
@@ -286,15 +223,15 @@ def check_general_attention(general_attention) -> str:
                     randn(3, 5, 6, generator=generator, dtype=torch.float64),
                     randn(4, 6, generator=generator, dtype=torch.float64))
     # Another device: the notebook's GPU, or the meta device.
-    device = _other_device()
+    device = other_device()
     s, H, W_a = (randn(3, 4, generator=generator), randn(3, 5, 6, generator=generator),
                  randn(4, 6, generator=generator))
     shown = f"general_attention(s, H, W_a) with s, H and W_a on {_where(device)}"
-    result = _call_elsewhere(general_attention, s.to(device), H.to(device), W_a.to(device), device=device, what=shown)
+    result = call_elsewhere(general_attention, s.to(device), H.to(device), W_a.to(device), device=device, what=shown)
     if result is not None:
         context, weights = _pair(result, shown)
-        weights = _on_device(weights, device, f"weights of {shown}")
-        context = _on_device(context, device, f"context of {shown}")
+        weights = expect_on_device(weights, device, f"weights of {shown}")
+        context = expect_on_device(context, device, f"context of {shown}")
         for name, tensor, shape in (("weights", weights, (3, 5)), ("context", context, (3, 6))):
             expect_tensor(tensor, what=f"{name} of {shown}", shape=shape, dtype="float")
             _not_half(tensor, torch.float32, f"{name} of {shown}")
@@ -459,15 +396,15 @@ def check_luong_attention(luong_attention) -> str:
     expect_close(context, expected_context, what=f"context with {label}")
 
     # 7. Another device: the notebook's GPU, or the meta device.
-    device = _other_device()
+    device = other_device()
     s, H = randn(3, 4, generator=generator), randn(3, 5, 4, generator=generator)
     mask = padding_mask_for([5, 3, 0], 5)
     shown = f"luong_attention(s, H, padding_mask) with s, H and the mask on {_where(device)}"
-    result = _call_elsewhere(luong_attention, s.to(device), H.to(device), mask.to(device), device=device, what=shown)
+    result = call_elsewhere(luong_attention, s.to(device), H.to(device), mask.to(device), device=device, what=shown)
     if result is not None:
         context, weights = _pair(result, shown)
-        weights = _on_device(weights, device, f"weights of {shown}")
-        context = _on_device(context, device, f"context of {shown}")
+        weights = expect_on_device(weights, device, f"weights of {shown}")
+        context = expect_on_device(context, device, f"context of {shown}")
         for name, tensor, shape in (("weights", weights, (3, 5)), ("context", context, (3, 4))):
             expect_tensor(tensor, what=f"{name} of {shown}", shape=shape, dtype="float")
             _not_half(tensor, torch.float32, f"{name} of {shown}")
@@ -546,12 +483,12 @@ def check_teacher_forcing_inputs(teacher_forcing_inputs) -> str:
                "the token id")
         _ids_like_target(got, other, shown)
     # Another device: the notebook's GPU, or the meta device.
-    device = _other_device()
+    device = other_device()
     other = torch.randint(0, 10, (3, 6), generator=generator)
     shown = f"teacher_forcing_inputs(target, 11) for a target of shape (3, 6) on {_where(device)}"
-    got = _call_elsewhere(teacher_forcing_inputs, other.to(device), bos_id, device=device, what=shown)
+    got = call_elsewhere(teacher_forcing_inputs, other.to(device), bos_id, device=device, what=shown)
     if got is not None:
-        got = _on_device(got, device, shown)
+        got = expect_on_device(got, device, shown)
         expect_tensor(got, what=shown, shape=(3, 6), dtype=other.dtype)
         if device.type != "meta":
             expect(torch.equal(got.cpu(), shift_right(other, bos_id)), f"{shown}: expected the target shifted right")
@@ -653,18 +590,18 @@ def check_token_query_step(token_query_step) -> str:
                    "require grad, so your step ran under torch.no_grad() (or detached them). A decoder step is "
                    "trained through; only decoding at test time runs without gradients")
     # Another device: the notebook's GPU, or the meta device.
-    device = _other_device()
+    device = other_device()
     decoder = _token_decoder(5, 8, 6, generator)
     tokens = torch.randint(0, 12, (3,), generator=generator)
     state, states = randn(3, 8, generator=generator), randn(3, 4, 8, generator=generator)
     shown = f"token_query_step(decoder, ...) with the decoder, tokens and states on {_where(device)}"
     moved = copy.deepcopy(decoder).to(device)
-    result = _call_elsewhere(token_query_step, moved, tokens.to(device), state.to(device), states.to(device),
+    result = call_elsewhere(token_query_step, moved, tokens.to(device), state.to(device), states.to(device),
                              device=device, what=shown)
     if result is not None:
         result = expect_sequence(result, what=shown, names=("logits", "state", "weights"))
         for name, tensor, shape in zip(("logits", "new state", "weights"), result, ((3, 12), (3, 8), (3, 4))):
-            tensor = _on_device(tensor, device, f"{name} of {shown}")
+            tensor = expect_on_device(tensor, device, f"{name} of {shown}")
             expect_tensor(tensor, what=f"{name} of {shown}", shape=shape, dtype="float")
             _not_half(tensor, torch.float32, f"{name} of {shown}")
         if device.type != "meta":

@@ -10,13 +10,11 @@ watched for changes in place, sizes unlike the notebook's (``other_sizes``) and 
 float32 (``large_scores``); in exercise 2, a Python loop over the batch (the number of torch calls must
 not grow with the batch); in exercise 3, a diagonal that is exactly 0 also where finite fills lose
 (scores near -100 and near -1e32), a repeated word, float16, and one more case on another device
-(:func:`_other_device`: the GPU, else PyTorch's meta device); in exercise 5, orders given as a tensor,
+(:func:`attn_course.exercises.other_device`: the GPU, else PyTorch's meta device); in exercise 5, orders given as a tensor,
 a list or a numpy array of integers.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import torch
@@ -24,9 +22,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..simple import simple_self_attention
-from ..utils import get_device
-from . import (Mismatch, call, exercise, expect, expect_close, expect_same_device, expect_sequence, expect_tensor,
-               forbidden, large_scores, other_sizes, randn, rng)
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_same_device, expect_sequence,
+               expect_tensor, forbidden, large_scores, other_device, other_sizes, randn, rng)
 from ._core import _StudentCodeFailed
 
 __all__ = [
@@ -228,55 +225,6 @@ def _shown(values) -> list:
     return [f"{v:.1e}" if 0 < abs(v) < 1e-3 else round(v, 3) for v in values]
 
 
-# --- Another device -------------------------------------------------------------------------------
-
-def _other_device() -> torch.device:
-    """Where exercise 3 tries the answer once more: the notebook's GPU when there is one (CUDA, then Apple's
-    MPS), else PyTorch's "meta" device, which has shapes and dtypes but no values. A mask made without
-    ``device=`` lives on the CPU, and mixing it with the inputs fails on meta as it does on a GPU."""
-    device = get_device()
-    return device if device.type != "cpu" else torch.device("meta")
-
-
-class _NoData(RuntimeError):
-    """A NotImplementedError raised on the meta device ("Cannot copy out of meta tensor; no data!"): passed
-    on as an error, not taken for the scaffold's ``raise NotImplementedError``."""
-
-
-def _call_elsewhere(fn, x: torch.Tensor, what: str):
-    """``call(fn, x)`` with ``x`` on another device. Returns the result, or None when the meta device cannot
-    tell (the answer needed values: an ``if`` on a tensor, ``.item()``, ``.tolist()``)."""
-    device = x.device
-
-    @functools.wraps(fn)
-    def answer(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except NotImplementedError as error:
-            if device.type == "meta":
-                raise _NoData(str(error)) from None
-            raise
-
-    try:
-        return call(answer, x)
-    except _StudentCodeFailed as failed:
-        error, text = failed.error, str(failed.error)
-        lowered = text.lower()
-        # A CPU tensor met the inputs ("... on the expected device cpu", "found ... cuda:0 and cpu"), or data was
-        # copied out of a meta tensor. Other errors of the meta device are not the student's: it refuses a
-        # 0-dimensional CPU value in masked_fill, which CUDA accepts.
-        if ("device" in lowered and "cpu" in lowered) or (isinstance(error, _NoData) and "copy" in lowered):
-            note = (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
-                    if device.type == "meta" else "")
-            raise Mismatch(f"{what}: your code raised {type(error).__name__}: {text.splitlines()[0] if text else ''}"
-                           f"{note}. It works only with CPU tensors: a tensor made without device= (torch.eye, "
-                           "torch.ones, torch.full ...) lives on the CPU, whatever the input's device. Make the mask "
-                           "on the input's device (device=x.device)") from None
-        if device.type == "meta":
-            return None
-        raise
-
-
 # --- Exercise 3 -----------------------------------------------------------------------------------
 
 def _diagnose_without_self(weights, x: torch.Tensor, what: str) -> None:
@@ -440,10 +388,11 @@ def check_attention_without_self(attention_without_self) -> str:
         expect_close(got[1], expected_weights, what=f"weights for x of shape {shape}")
         expect_close(got[0], expected_context, what=f"context for x of shape {shape}")
     # Another device (the GPU, else the meta device): the mask must be made where x is.
-    device = _other_device()
+    device = other_device()
     batch = randn(2, 4, 3, generator=generator)
     where = f"for x of shape (B=2, T=4, E=3) on the {device.type} device"
-    got = _call_elsewhere(attention_without_self, batch.to(device), f"attention_without_self(x) {where}")
+    got = call_elsewhere(attention_without_self, batch.to(device), device=device, what=f"attention_without_self(x) {where}",
+                         made_by="torch.eye, torch.ones, torch.full ...")
     if got is not None:
         got = _pair(got, f"attention_without_self(x) {where}")
         expected_context, expected_weights = _without_self(batch.to(device))
