@@ -546,3 +546,13 @@ def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
     feedback = check_cross_attention(cross_calls_mha)
     assert feedback.status == "incorrect" and "you called" in str(feedback)
     assert "Hint" not in str(feedback)
+
+
+def test_the_accelerator_case_runs_where_there_is_one(monkeypatch):
+    # This machine may have no accelerator: the CPU stands in for it, so that the case's code (module, inputs
+    # and mask moved to the device) runs; a result moved to another device is named there by expect_close.
+    import attn_course.exercises.ch05 as ch05
+    monkeypatch.setattr(ch05, "_accelerators", lambda: [torch.device("cpu")])
+    assert check_cross_attention(cross_attention).status == "correct"
+    cases = [d for d, *_ in ch05._cross_cases(torch.Generator().manual_seed(0))]
+    assert any(d.startswith("inputs and module on cpu") for d in cases)
