@@ -501,6 +501,8 @@ WRONG = [
     (check_cross_attention, cross_naive_softmax, "exp of a score above 88.7 overflows"),
     (check_cross_attention, cross_minus_1e9, "-1e9 does not exist in float16"),
     (check_cross_attention, cross_additive_minus_1e9, "-1e9 does not exist in float16"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm) - mha.out_proj.bias,
+     "left out its bias"),
 ]
 
 

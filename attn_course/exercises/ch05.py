@@ -431,6 +431,9 @@ def check_cross_attention(cross_attention) -> str:
                 wrong[f"you divided the scores by sqrt(E) = {math.sqrt(E):.2f}; each head's dot product runs over its "
                       f"own width D = {E // H}, so divide by sqrt(D) = {math.sqrt(E // H):.2f}"] = \
                     _by_hand(mha, queries, memory, key_padding_mask, scale=E)
+            if mha.out_proj.bias is not None:
+                wrong["you multiplied by out_proj's weight but left out its bias: apply the whole out_proj layer"] = \
+                    _by_hand(mha, queries, memory, key_padding_mask) - mha.out_proj.bias
             if E // H > 1:
                 wrong["you did not scale the scores: divide them by sqrt(D), the square root of one head's width"] = \
                     _by_hand(mha, queries, memory, key_padding_mask, scale=1)
