@@ -62,7 +62,8 @@ class RecallModel(nn.Module):
             recurrence, fewer sequential steps).
 
     Shape:
-        - tokens: ``(B, T)`` integer ids in ``[0, V)`` -> logits ``(B, T, V)``
+        - tokens: ``(B, T)`` integer ids in ``[0, V)`` -> logits ``(B, T, V)``, or ``(B, last, V)`` with
+          ``forward(tokens, last=...)``
     """
 
     def __init__(self, vocab_size: int, attention: str, *, d_model: int = 64, num_heads: int = 1,
@@ -96,7 +97,10 @@ class RecallModel(nn.Module):
     def extra_repr(self) -> str:
         return f"attention={self.attention_kind!r}, token_shift={self.token_shift}"
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, *, last: int | None = None) -> torch.Tensor:
+        """Logits for every position, or for the last ``last`` positions only (associative recall's
+        queries): after the attention everything works position by position, so the MLP and the output
+        layer need not run on the others. Their logits are the same either way."""
         check_tensor("tokens", tokens)
         if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be a (B, T) tensor of integer ids, got {describe(tokens)}")
@@ -112,9 +116,12 @@ class RecallModel(nn.Module):
             mixed, _ = self.attention(h, h, h, is_causal=True, need_weights=False)  # (B, T, E)
         else:
             mixed = self.attention(h)  # (B, T, E), causal
-        x = x + mixed
+        x = x + mixed  # (B, T, E)
+        if last is not None:
+            check_positive_int("last", last)
+            x = x[:, -last:]  # (B, last, E)
         x = x + self.mlp(x)
-        return self.head(x)  # (B, T, V)
+        return self.head(x)  # (B, T, V), or (B, last, V)
 
 
 def train_recall(attention: str, num_pairs: int, *, steps: int = 300, batch_size: int = 64, lr: float = 1e-2,
@@ -123,7 +130,9 @@ def train_recall(attention: str, num_pairs: int, *, steps: int = 300, batch_size
 
     AdamW at a constant learning rate; every step draws a new batch of ``batch_size`` sequences of
     ``num_pairs`` pairs (so the model never sees one twice), and the loss is the cross-entropy at
-    the query positions only (the pairs themselves are random and cannot be predicted).
+    the query positions only (the pairs themselves are random and cannot be predicted). The queries
+    are the last ``num_pairs`` positions, so only their logits are computed (``forward(tokens,
+    last=num_pairs)``: the same loss for about two thirds of the work after the attention).
 
     Args:
         attention: the kind of attention, one of :data:`RECALL_ATTENTIONS`.
@@ -158,8 +167,8 @@ def train_recall(attention: str, num_pairs: int, *, steps: int = 300, batch_size
     for _ in range(steps):
         tokens, targets = associative_recall(batch_size, num_pairs, num_keys=num_keys, num_values=num_values,
                                              generator=generator, device=device)  # (B, 3N) each
-        logits = model(tokens)  # (B, 3N, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)  # query positions only
+        logits = model(tokens, last=num_pairs)  # (B, N, V): the query positions only
+        loss = F.cross_entropy(logits.flatten(0, 1), targets[:, -num_pairs:].flatten())  # every one has a target
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

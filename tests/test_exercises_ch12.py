@@ -65,8 +65,8 @@ def delta_loop(q, k, v, beta, *, mistake=None):
 def delta_householder(q, k, v, beta):
     """Another right answer: the (I - beta k k^T) S + beta k v^T form, with einsum."""
     B, H, L, D_k = k.shape
-    state = torch.zeros(B, H, D_k, v.size(-1), dtype=q.dtype)
-    eye = torch.eye(D_k, dtype=q.dtype)
+    state = torch.zeros(B, H, D_k, v.size(-1), dtype=q.dtype, device=q.device)
+    eye = torch.eye(D_k, dtype=q.dtype, device=q.device)
     outputs = []
     for t in range(L):
         k_t = k[:, :, t]
@@ -103,6 +103,37 @@ def delta_only_output(q, k, v, beta):
     return delta_loop(q, k, v, beta)[0]
 
 
+def delta_capped_keys(q, k, v, beta):  # "safety" after reading section 4's blow-up: keys no longer than 1
+    return delta_loop(q, k / k.norm(dim=-1, keepdim=True).clamp_min(1.0), v, beta)
+
+
+def delta_state_on_cpu(q, k, v, beta):  # the state made without device=: fails on a GPU
+    B, H, L, D_k = k.shape
+    state = torch.zeros(B, H, D_k, v.size(-1), dtype=q.dtype)
+    outputs = []
+    for t in range(L):
+        k_t = k[:, :, t]
+        recalled = (k_t[..., None, :] @ state).squeeze(-2)
+        state = state + k_t[..., :, None] * (beta[:, :, t, None] * (v[:, :, t] - recalled))[..., None, :]
+        outputs.append((q[:, :, t, None, :] @ state).squeeze(-2))
+    return torch.stack(outputs, dim=2), state
+
+
+def delta_in_float64(q, k, v, beta):  # a float64 result of float32 inputs: the course's dtype policy lets it pass
+    return delta_loop(q.double(), k.double(), v.double(), beta.double())
+
+
+def delta_in_float32(q, k, v, beta):  # a float32 result of float64 inputs: passes with float32's tolerance
+    return delta_loop(q.float(), k.float(), v.float(), beta.float())
+
+
+def delta_check_reference(q, k, v, beta):
+    from attn_course.exercises import ch12
+
+    output, state = ch12._delta_reference(q, k, v, beta)
+    return output.to(q.dtype), state.to(q.dtype)
+
+
 def delta_float16(q, k, v, beta):
     out, state = delta_loop(q.half().float(), k.half().float(), v.half().float(), beta.half().float())
     return out.to(q.dtype), state.to(q.dtype)
@@ -114,13 +145,68 @@ def decay_logs(gate):
     L = gate.size(-1)
     log_cumulative = gate.log().cumsum(-1)
     difference = log_cumulative[..., :, None] - log_cumulative[..., None, :]
+    return difference.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=gate.device).tril(), float("-inf")).exp()
+
+
+def decay_exp_then_tril(gate):
+    """Another right answer: exponentiate everything, then keep the lower triangle (the overflowed entries above the
+    diagonal are dropped)."""
+    log_cumulative = gate.log().cumsum(-1)
+    return (log_cumulative[..., :, None] - log_cumulative[..., None, :]).exp().tril()
+
+
+def decay_numpy(gate):
+    """Another right answer, in numpy."""
+    log_cumulative = np.cumsum(np.log(gate.detach().cpu().numpy()), axis=-1)
+    difference = log_cumulative[..., :, None] - log_cumulative[..., None, :]
+    with np.errstate(over="ignore"):
+        out = np.tril(np.exp(difference))
+    return torch.from_numpy(out).to(gate.device)
+
+
+def decay_in_float32(gate):  # a float32 result of float64 gates: the course's dtype policy lets it pass
+    return decay_logs(gate.float())
+
+
+def decay_in_float64(gate):  # a float64 result of float32 gates
+    return decay_logs(gate.double())
+
+
+def decay_finite_fill(gate):  # -20 instead of -inf above the diagonal: exp(-20) = 2e-9, not 0
+    L = gate.size(-1)
+    log_cumulative = gate.log().cumsum(-1)
+    difference = log_cumulative[..., :, None] - log_cumulative[..., None, :]
+    return difference.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=gate.device).tril(), -20.0).exp()
+
+
+def decay_tiny_above(gate):
+    L = gate.size(-1)
+    return decay_logs(gate).masked_fill(torch.ones(L, L, dtype=torch.bool, device=gate.device).triu(1), 1e-8)
+
+
+def decay_band(gate, width=16):  # keys more than `width` tokens back cut off
+    L = gate.size(-1)
+    i = torch.arange(L, device=gate.device)
+    return decay_logs(gate) * ((i[:, None] - i[None, :]) < width)
+
+
+def decay_mask_on_cpu(gate):  # the mask made without device=
+    L = gate.size(-1)
+    log_cumulative = gate.log().cumsum(-1)
+    difference = log_cumulative[..., :, None] - log_cumulative[..., None, :]
     return difference.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf")).exp()
+
+
+def decay_check_reference(gate):
+    from attn_course.exercises import ch12
+
+    return ch12._decay_reference(gate).to(gate.dtype)
 
 
 def decay_loops(gate):
     """Another right answer: a product over each range (never a ratio), written with loops."""
     L = gate.size(-1)
-    out = torch.zeros(*gate.shape, L, dtype=gate.dtype)
+    out = torch.zeros(*gate.shape, L, dtype=gate.dtype, device=gate.device)
     for t in range(L):
         for j in range(t + 1):
             out[..., t, j] = gate[..., j + 1:t + 1].prod(dim=-1)
@@ -131,11 +217,11 @@ def decay_segsum(gate):
     """Another right answer: Mamba-2's segment sum, written with a masked cumulative sum of logs."""
     L = gate.size(-1)
     log_gate = gate.log()[..., None, :].expand(*gate.shape[:-1], L, L)  # (..., t, i)
-    strictly_lower = torch.ones(L, L, dtype=torch.bool).tril(-1)
+    strictly_lower = torch.ones(L, L, dtype=torch.bool, device=gate.device).tril(-1)
     segment = log_gate.masked_fill(~strictly_lower.T, 0.0)  # keep i > j as the columns of row j
     sums = segment.cumsum(dim=-1)  # (..., j, t): sum over i in (j, t]
     out = sums.transpose(-2, -1).exp()
-    return out.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), 0.0)
+    return out.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=gate.device).tril(), 0.0)
 
 
 def decay_cumprod_ratio(gate):  # underflows: 0 / 0
@@ -201,18 +287,20 @@ def decay_package(gate):
 # --- Exercise 3: decoding memory ---------------------------------------------------------------------
 
 def memory(config, context_len, *, mistake=None):
-    every = config["full_attention_every"]
-    softmax_layers = config["num_layers"] // every
+    every = config["full_attention_interval"]
+    softmax_layers = config["num_hidden_layers"] // every
     if mistake == "ceil":
-        softmax_layers = math.ceil(config["num_layers"] / every)
-    linear_layers = config["num_layers"] - softmax_layers
+        softmax_layers = math.ceil(config["num_hidden_layers"] / every)
+    linear_layers = config["num_hidden_layers"] - softmax_layers
     if mistake == "all layers linear":
-        linear_layers = config["num_layers"]
+        linear_layers = config["num_hidden_layers"]
     if mistake == "all layers cache":
-        softmax_layers = config["num_layers"]
-    cache = (1 if mistake == "no values" else 2) * config["num_kv_heads"] * config["head_dim"] * context_len
+        softmax_layers = config["num_hidden_layers"]
+    cache = (1 if mistake == "no values" else 2) * config["num_key_value_heads"] * config["head_dim"] * context_len
     heads = config["linear_num_key_heads"] if mistake == "key heads" else config["linear_num_value_heads"]
-    state = heads * config["linear_key_dim"] * config["linear_value_dim"]
+    state = heads * config["linear_key_head_dim"] * config["linear_value_head_dim"]
+    if mistake == "D_k x D_k":
+        state = heads * config["linear_key_head_dim"] ** 2
     if mistake == "state grows":
         state *= context_len
     total = (softmax_layers * cache + linear_layers * state) * config["bytes_per_number"]
@@ -226,15 +314,21 @@ def memory(config, context_len, *, mistake=None):
 
 
 def memory_numpy(config, context_len):
-    layers = np.arange(1, config["num_layers"] + 1)
-    softmax = layers % config["full_attention_every"] == 0
-    per_cache = np.int64(2 * config["num_kv_heads"] * config["head_dim"] * context_len)
-    per_state = np.int64(config["linear_num_value_heads"] * config["linear_key_dim"] * config["linear_value_dim"])
+    layers = np.arange(1, config["num_hidden_layers"] + 1)
+    softmax = layers % config["full_attention_interval"] == 0
+    per_cache = np.int64(2 * config["num_key_value_heads"] * config["head_dim"] * context_len)
+    per_state = np.int64(config["linear_num_value_heads"] * config["linear_key_head_dim"] * config["linear_value_head_dim"])
     return np.where(softmax, per_cache, per_state).sum() * config["bytes_per_number"]
 
 
 def memory_tensor(config, context_len):
     return torch.tensor(memory(config, context_len))
+
+
+def memory_answer_key(config, context_len):  # the check's own reference
+    from attn_course.exercises import ch12
+
+    return ch12.reference_decoding_memory(config, context_len)
 
 
 # --- the tables --------------------------------------------------------------------------------------
@@ -243,9 +337,15 @@ RIGHT = [
     (check_delta_rule_loop, delta_loop),
     (check_delta_rule_loop, delta_householder),
     (check_delta_rule_loop, delta_as_list),
+    (check_delta_rule_loop, delta_in_float64),
+    (check_delta_rule_loop, delta_in_float32),
     (check_decay_matrix, decay_logs),
     (check_decay_matrix, decay_loops),
     (check_decay_matrix, decay_segsum),
+    (check_decay_matrix, decay_exp_then_tril),
+    (check_decay_matrix, decay_numpy),
+    (check_decay_matrix, decay_in_float32),
+    (check_decay_matrix, decay_in_float64),
     (check_decoding_memory, memory),
     (check_decoding_memory, memory_numpy),
     (check_decoding_memory, memory_tensor),
@@ -272,7 +372,10 @@ WRONG = [
     (check_delta_rule_loop, _wrong(delta_loop, mistake="beta on v"), "multiplies only v_t"),
     (check_delta_rule_loop, _wrong(delta_loop, mistake="beta twice"), "applied twice"),
     (check_delta_rule_loop, _wrong(delta_loop, mistake="S k"), "papers' orientation"),
-    (check_delta_rule_loop, _wrong(delta_loop, mistake="normalise"), "you normalised the keys"),
+    (check_delta_rule_loop, _wrong(delta_loop, mistake="normalise"), "normalised them, or capped"),
+    (check_delta_rule_loop, delta_capped_keys, r"capped their length at 1\).*length 1.3"),
+    (check_delta_rule_loop, delta_state_on_cpu, "made without device="),
+    (check_delta_rule_loop, delta_check_reference, "the check's own code"),
     (check_delta_rule_loop, _wrong(delta_loop, mistake="transposed state"), r"stores it as \(D_k, D_v\)"),
     (check_delta_rule_loop, delta_package, "you called attn_course"),
     (check_delta_rule_loop, delta_package_step, "you called attn_course"),
@@ -281,7 +384,7 @@ WRONG = [
     (check_delta_rule_loop, delta_float16, "values differ"),
     # Exercise 2
     (check_decay_matrix, decay_cumprod_ratio, "contains NaN"),
-    (check_decay_matrix, decay_cumprod_ratio_float64, "underflows to 0 even in float64"),
+    (check_decay_matrix, decay_cumprod_ratio_float64, "underflows to 0|0 / 0"),
     (check_decay_matrix, decay_with_own_gate, "the diagonal must be 1"),
     (check_decay_matrix, decay_one_too_few, "one gate too few"),
     (check_decay_matrix, decay_from_start, "products from the start"),
@@ -291,12 +394,20 @@ WRONG = [
     (check_decay_matrix, decay_float16, "values differ"),
     (check_decay_matrix, decay_in_place, "changed its input `gate` in place"),
     (check_decay_matrix, decay_package, "you called attn_course"),
+    (check_decay_matrix, decay_finite_fill, "must be exactly 0"),
+    (check_decay_matrix, decay_tiny_above, "must be exactly 0"),
+    (check_decay_matrix, decay_band, "no key is ever cut off"),
+    (check_decay_matrix, _wrong(decay_band, width=32), "no key is ever cut off"),
+    (check_decay_matrix, decay_mask_on_cpu, "made without device="),
+    (check_decay_matrix, decay_check_reference, "the check's own code"),
     # Exercise 3
     (check_decoding_memory, _wrong(memory, mistake="no values"), r"keys \*and\* values"),
     (check_decoding_memory, _wrong(memory, mistake="state grows"), "does not grow with the context"),
-    (check_decoding_memory, _wrong(memory, mistake="all layers cache"), "only every full_attention_every-th layer"),
+    (check_decoding_memory, _wrong(memory, mistake="all layers cache"), "only every full_attention_interval-th layer"),
     (check_decoding_memory, _wrong(memory, mistake="all layers linear"), "keep no state"),
     (check_decoding_memory, _wrong(memory, mistake="key heads"), "you counted the key heads"),
+    (check_decoding_memory, _wrong(memory, mistake="D_k x D_k"), "key width twice"),
+    (check_decoding_memory, memory_answer_key, "the check's own code"),
     (check_decoding_memory, _wrong(memory, mistake="ceil"), "not one more"),
     (check_decoding_memory, _wrong(memory, mistake="MiB"), "answer in MiB; return it in bytes"),
     (check_decoding_memory, _wrong(memory, mistake="float"), "return an integer"),
@@ -322,8 +433,8 @@ def test_scaffold_is_not_attempted_and_a_crash_is_an_error(check):
 
 
 def test_the_notebook_config_is_qwen3_next():
-    assert QWEN3_NEXT["num_layers"] // QWEN3_NEXT["full_attention_every"] == 12  # 12 gated attention layers
-    assert QWEN3_NEXT["num_layers"] - 12 == 36  # 36 Gated DeltaNet layers
+    assert QWEN3_NEXT["num_hidden_layers"] // QWEN3_NEXT["full_attention_interval"] == 12  # 12 gated attention layers
+    assert QWEN3_NEXT["num_hidden_layers"] - 12 == 36  # 36 Gated DeltaNet layers
 
 
 def test_checks_leave_the_global_generator_alone():

@@ -27,6 +27,18 @@ def test_forward_shape_and_causality(attention):
         assert not torch.allclose(model(changed)[:, 5:], logits[:, 5:])
 
 
+@pytest.mark.parametrize("attention", RECALL_ATTENTIONS)
+def test_logits_of_the_last_positions_are_those_of_the_whole_sequence(attention):
+    torch.manual_seed(0)
+    model = RecallModel(VOCAB, attention, d_model=16, qk_head_dim=4, chunk_size=4).eval()
+    tokens = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens, last=3), model(tokens)[:, -3:])
+    # training computes only the queries' logits: in associative recall they are the last N positions
+    _, targets = ac.associative_recall(5, 4, num_keys=8, num_values=8, generator=torch.Generator().manual_seed(0))
+    assert (targets[:, :-4] == -100).all() and (targets[:, -4:] >= 0).all()
+
+
 def test_token_shift_shows_each_position_the_previous_token():
     torch.manual_seed(0)
     shifted = RecallModel(VOCAB, "linear", d_model=16, qk_head_dim=4).eval()
@@ -100,6 +112,7 @@ def test_exported():
     (lambda: RecallModel(VOCAB, "linear", token_shift=1), TypeError, "token_shift"),
     (lambda: RecallModel(VOCAB, "linear")(torch.zeros(1, 3)), TypeError, "integer ids"),
     (lambda: RecallModel(VOCAB, "linear")(torch.tensor([[0, VOCAB]])), ValueError, r"ids in \[0, 16\)"),
+    (lambda: RecallModel(VOCAB, "linear")(torch.tensor([[0, 1]]), last=0), ValueError, "last"),
     (lambda: train_recall("delta", 0), ValueError, "num_pairs"),
     (lambda: train_recall("delta", 2, lr=0), ValueError, "lr must be a positive number"),
     (lambda: train_recall("delta", 65), ValueError, "num_pairs must be at most num_keys"),
