@@ -95,9 +95,10 @@ def test_reordering_scores_count_heads_that_tell_the_noun_from_its_adjective():
     # Uniform heads choose "black" (the longest word) at both steps: the adjective right, the noun wrong.
     assert scores["uniform"] == 0.0 and scores["both"][1, 0] == 0.0
     assert scores["noun"][1, 0] == 0.0 and scores["adjective"][1, 0] == 1.0
+    assert scores["same"][0, 0] == 0.0 and scores["same"][1, 0] == 1.0  # uniform rows pick one word twice
     both_on_black = {1: english.index("black"), 2: english.index("black")}  # the phrase read as one unit
     scores = tr.reordering_scores([_map(target, source, both_on_black)])
-    assert scores["both"][0, 0] == 0.0 and scores["adjective"][0, 0] == 1.0
+    assert scores["both"][0, 0] == 0.0 and scores["adjective"][0, 0] == 1.0 and scores["same"][0, 0] == 1.0
     # A pre-nominal adjective (le petit chat) and an elided noun with its adjective (l'arbre noir).
     assert tr.reordering_scores([_map("l'arbre noir voit le petit chat", "the black tree sees the small cat",
                                       {})])["total"] == 1

@@ -163,10 +163,11 @@ def reordering_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICO
         lexicon: the words.
 
     Returns:
-        A dict with ``"both"``, ``"noun"`` and ``"adjective"``, ``(layers, H + 1)`` tensors of shares
-        (the last column is the mean of the layer's heads): both steps right, the noun's step right, the
-        adjective's step right; ``"total"``, the number of such phrases; and ``"uniform"``, the share
-        that uniform attention separates (0).
+        A dict with ``"both"``, ``"noun"``, ``"adjective"`` and ``"same"``, ``(layers, H + 1)`` tensors
+        of shares (the last column is the mean of the layer's heads): both steps right, the noun's step
+        right, the adjective's step right, and both steps on the same English word (the phrase read as
+        one unit); ``"total"``, the number of such phrases; and ``"uniform"``, the share that uniform
+        attention separates (0).
     """
     if isinstance(maps, dict) or not isinstance(maps, (list, tuple)) or not maps:
         raise ValueError(f"maps must be a non-empty list of attention dicts, got {describe(maps)}")
@@ -174,7 +175,7 @@ def reordering_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICO
     after = {form for masculine, feminine, position in lexicon.adjectives.values() if position == "after"
              for form in (masculine, feminine)}
     layers, heads = maps[0]["cross"].shape[:2]
-    counts = {key: torch.zeros(layers, heads + 1) for key in ("both", "noun", "adjective")}
+    counts = {key: torch.zeros(layers, heads + 1) for key in ("both", "noun", "adjective", "same")}
     uniform_both, total = 0, 0
     for attention in maps:
         target, source = attention["target"], attention["source"]
@@ -199,6 +200,7 @@ def reordering_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICO
                     counts["noun"][layer, head] += noun
                     counts["adjective"][layer, head] += adjective
                     counts["both"][layer, head] += noun and adjective
+                    counts["same"][layer, head] += int(table[i].argmax()) == int(table[j].argmax())
     if total == 0:
         raise ValueError("maps hold no French noun followed by a post-nominal adjective")
     return {**{key: value / total for key, value in counts.items()}, "total": total, "uniform": uniform_both / total}
