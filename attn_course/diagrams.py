@@ -2122,7 +2122,8 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
                         depth=H, shape=shp("H", "L", "d_h+d_r"), shape_at="right",
                         cells=[[PALETTE["query"]] * min(d_h, CAP) + [PALETTE["position"]] * min(d_r, CAP)]
                         * min(L, CAP))
-            att = d.op((q.center[0], (k.center[1] + v.center[1]) / 2), "attention\nin each head")
+            att = d.op((q.center[0], (k.center[1] + v.center[1]) / 2), "attention\nin each head",
+                       note=f"scores\n÷ √({shp.sym('d_h')} + {shp.sym('d_r')})", note_at="right")
             bend = k.x1 + f + 0.2
             d.arrow(k.right, att.left, via=[(bend, k.right[1]), (bend, att.center[1])])
             d.arrow(q.bottom, att.top)
@@ -2132,7 +2133,8 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
                     f"by position; only these two are cached, {d_c + d_r} numbers per token and layer. W_UK "
                     f"up-projects the latent to each head's keys and W_UV to its values V {shp.alt('H', 'L', 'd_h')}; "
                     f"k_R, shared by every head, is appended to each head's keys, K {shp.alt('H', 'L', 'd_h+d_r')}; "
-                    "attention then runs in each head with the queries.")
+                    "attention then runs in each head with the queries, its scores divided by the square root of "
+                    "d_h + d_h^R.")
         qt = d.block((x2 + d.ext(d_c) / 2, c.center[1] - 0.55 - f - d.ext(L)), L, d_c, role="query", name="Q̃",
                      depth=H, shape=shp("H", "L", "d_c"), shape_at="right")
         d.text(qt.x0 - 0.12, qt.center[1], "queries with\nW_UK folded in", ha="right")
