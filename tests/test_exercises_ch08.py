@@ -172,8 +172,7 @@ def test_other_right_answers_pass():
 
 def test_float32_answers_pass():
     assert check_online_softmax_update(lambda m, s, b: tuple(t.double() for t in update(m.float(), s.float(), b.float())))
-    assert check_causal_tile_attention(lambda q, k, v, f, n: (causal_tile(q.float(), k.float(), v.float(), f, n)[0],
-                                                              np.int64(causal_tile(q, k, v, f, n)[1])))
+    # (exercise 2 asks for the inputs' dtype: its float32 answer is in the wrong-answer table)
 
 
 def update_logsumexp(running_max, running_sum, block):
@@ -318,6 +317,9 @@ def test_the_question_is_part_of_exercise_3():
         (check_causal_tile_attention, causal_tile_reads_every_tile, "must not be read at all"),
         (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile_no_loop(q, k, v, f, n, needed_keys_only=True),
          "all at once"),
+        # the review's accepted answer: the accumulators made without dtype=, so float32 for float64 inputs
+        (check_causal_tile_attention, lambda q, k, v, f, n: (causal_tile(q.float(), k.float(), v.float(), f, n)[0],
+                                                             causal_tile(q, k, v, f, n)[1]), "dtype=query_tile.dtype"),
         (check_causal_tile_attention, lambda q, k, v, f, n: (torch.nn.functional.scaled_dot_product_attention(
             q[None], k[None], v[None], is_causal=True)[0], 1), "you called"),
         # exercise 2: no rescaling, l only, the mean of the outputs, a global maximum, NaN for empty rows

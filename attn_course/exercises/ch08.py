@@ -220,6 +220,10 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise Mismatch(f"{what}: return a pair (output, tiles_read); got {type(result).__name__}")
         output = expect_tensor(result[0], what=f"{what}: output", shape=(Lb, Dv), dtype="float", device=query_tile)
+        if output.dtype != dtype:
+            raise Mismatch(f"{what}: your output is {output.dtype} for {dtype} inputs; the statement asks for the inputs' "
+                           "dtype: create m, l and acc with dtype=query_tile.dtype (torch.zeros and torch.full make "
+                           "float32 unless told otherwise)")
         tiles_read = expect_int(result[1], what=f"{what}: tiles_read")
         expected = _causal_rows(query_tile, keys, values, first_query)
         got = output.detach().double()
