@@ -16,6 +16,12 @@ def _scaffold(*args):
     ...
 
 
+def _causal(q, k, *, device=True, diagonal=0):
+    """True where a query may attend: the L queries are the last L of the S positions."""
+    L, S = q.size(-2), k.size(-2)
+    return torch.ones(L, S, dtype=torch.bool, device=q.device if device else None).tril(S - L + diagonal)
+
+
 # --- right answers, and other ways of writing them -------------------------------------------------
 
 def cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, batch_size, bytes_per_number, window=None, *, mistake=None):
@@ -44,28 +50,32 @@ def grouped_attention(q, k, v, *, mistake=None):
         return grouped_attention_index(q, k, v, torch.arange(H) // G)
     if mistake == "broadcast":  # the group axis broadcast in the matmul: torch.matmul copies k and v per head
         qg = q.view(B, G, n, L, D)  # (B, G, H/G, L, D)
-        scores = qg @ k[:, :, None].transpose(-2, -1) / math.sqrt(D)  # (B, G, H/G, L, L)
-        scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        scores = qg @ k[:, :, None].transpose(-2, -1) / math.sqrt(D)  # (B, G, H/G, L, S)
+        scores = scores.masked_fill(~_causal(q, k), float("-inf"))
         return (scores.softmax(dim=-1) @ v[:, :, None]).reshape(B, H, L, D)
     folded = q.reshape(B, G, n * L, D)  # (B, G, H/G * L, D)
-    scores = (folded @ k.transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(D))).view(B, G, n, L, L)
+    S = k.size(2)
+    scores = (folded @ k.transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(D))).view(B, G, n, L, S)
     if mistake != "no mask":
-        allowed = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1 if mistake == "no diagonal" else 0)
+        allowed = _causal(q, k, diagonal=-1 if mistake == "no diagonal" else 0)
+        if mistake == "top-left":  # as if the queries were positions 0 .. L - 1
+            allowed = torch.ones(L, S, dtype=torch.bool).tril()
         scores = scores.masked_fill(~allowed, float("-inf"))
     if mistake == "naive softmax":
         weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
     else:
         weights = scores.softmax(dim=-1)
-    return (weights.view(B, G, n * L, L) @ v).view(B, H, L, D)
+    return (weights.view(B, G, n * L, S) @ v).view(B, H, L, D)
 
 
 def grouped_attention_folded_mask(q, k, v):
     """Another way: the causal mask built for the folded axis, each head's rows 0 .. L - 1 in turn."""
     B, H, L, D = q.shape
     G = k.size(1)
-    scores = q.reshape(B, G, H // G * L, D) @ k.transpose(-2, -1) / math.sqrt(D)  # (B, G, H/G * L, L)
-    rows = torch.arange(H // G * L, device=q.device) % L  # the position of each folded query
-    allowed = torch.arange(L, device=q.device)[None, :] <= rows[:, None]  # (H/G * L, L)
+    S = k.size(2)
+    scores = q.reshape(B, G, H // G * L, D) @ k.transpose(-2, -1) / math.sqrt(D)  # (B, G, H/G * L, S)
+    rows = torch.arange(H // G * L, device=q.device) % L + S - L  # the position of each folded query
+    allowed = torch.arange(S, device=q.device)[None, :] <= rows[:, None]  # (H/G * L, S)
     return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).view(B, H, L, D)
 
 
@@ -73,7 +83,7 @@ def grouped_attention_loop_heads(q, k, v):
     """Another way: a loop over query heads, each reading its key/value head as it is (a view, no copy)."""
     B, H, L, D = q.shape
     n = H // k.size(1)
-    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    causal = _causal(q, k)
     heads = [(q[:, h] @ k[:, h // n].transpose(-2, -1) / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1)
              @ v[:, h // n] for h in range(H)]
     return torch.stack(heads, dim=1)
@@ -84,7 +94,7 @@ def grouped_attention_index(q, k, v, owner=None):
     B, H, L, D = q.shape
     owner = torch.arange(H) // (H // k.size(1)) if owner is None else owner
     scores = q @ k[:, owner].transpose(-2, -1) / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    scores = scores.masked_fill(~_causal(q, k, device=False), float("-inf"))
     return scores.softmax(dim=-1) @ v[:, owner]
 
 
@@ -101,7 +111,7 @@ def grouped_attention_sdpa(q, k, v):
 
 def grouped_attention_package(q, k, v):
     import attn_course as ac
-    return ac.gqa.grouped_attention(q, k, v, torch.ones(q.size(2), q.size(2), dtype=torch.bool).tril())[0]
+    return ac.gqa.grouped_attention(q, k, v, _causal(q, k))[0]
 
 
 def grouped_attention_einsum(q, k, v):
@@ -109,7 +119,7 @@ def grouped_attention_einsum(q, k, v):
     G = k.size(1)
     qg = q.view(B, G, H // G, L, D)
     scores = torch.einsum("bgqld,bgsd->bgqls", qg, k) / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    scores = scores.masked_fill(~_causal(q, k), float("-inf"))
     return torch.einsum("bgqls,bgsd->bgqld", scores.softmax(-1), v).reshape(B, H, L, D)
 
 
@@ -120,7 +130,7 @@ def grouped_attention_expand_view(q, k, v):
     kg = k.unsqueeze(2).expand(B, G, H // G, L, D)  # a view: no copy yet
     vg = v.unsqueeze(2).expand(B, G, H // G, L, D)
     scores = q.view(B, G, H // G, L, D) @ kg.transpose(-2, -1) / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    scores = scores.masked_fill(~_causal(q, k, device=False), float("-inf"))
     return (scores.softmax(-1) @ vg).reshape(B, H, L, D)
 
 
@@ -135,9 +145,9 @@ def grouped_attention_contiguous_5d(q, k, v):
 
 def _attend_5d(q5, k5, v5):
     """Attention of (B, G, n, L, D) queries to keys and values of the same shape: no broadcast in the products."""
-    L, D = q5.size(-2), q5.size(-1)
+    D = q5.size(-1)
     scores = q5 @ k5.transpose(-2, -1) / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    scores = scores.masked_fill(~_causal(q5, k5, device=False), float("-inf"))
     return scores.softmax(-1) @ v5
 
 
@@ -146,7 +156,7 @@ def grouped_attention_index_transposed(q, k, v):
     B, H, L, D = q.shape
     owner = torch.arange(H) // (H // k.size(1))
     scores = q @ k.transpose(-2, -1)[:, owner] / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    scores = scores.masked_fill(~_causal(q, k, device=False), float("-inf"))
     return scores.softmax(-1) @ v[:, owner]
 
 
@@ -155,7 +165,7 @@ def grouped_attention_index_scaled(q, k, v):
     B, H, L, D = q.shape
     owner = torch.arange(H) // (H // k.size(1))
     scores = q @ (k / math.sqrt(D))[:, owner].transpose(-2, -1)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    scores = scores.masked_fill(~_causal(q, k, device=False), float("-inf"))
     return scores.softmax(-1) @ v[:, owner]
 
 
@@ -173,7 +183,7 @@ def grouped_attention_loop_groups(q, k, v):
     """A loop over groups whose matmul broadcasts the group's key/value head over its query heads: copies."""
     B, H, L, D = q.shape
     n = H // k.size(1)
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    causal = _causal(q, k, device=False)
     parts = [((q[:, g * n:(g + 1) * n] @ k[:, g:g + 1].transpose(-2, -1) / math.sqrt(D)).masked_fill(~causal, float("-inf"))
               .softmax(-1) @ v[:, g:g + 1]) for g in range(k.size(1))]
     return torch.cat(parts, dim=1)
@@ -183,9 +193,10 @@ def grouped_attention_cpu_mask(q, k, v):
     """The folded form with its mask made on the CPU (no device=): fails on a GPU."""
     B, H, L, D = q.shape
     G, n = k.size(1), H // k.size(1)
-    scores = (q.reshape(B, G, n * L, D) @ k.transpose(-2, -1) / math.sqrt(D)).view(B, G, n, L, L)
-    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
-    return (scores.softmax(-1).view(B, G, n * L, L) @ v).view(B, H, L, D)
+    S = k.size(2)
+    scores = (q.reshape(B, G, n * L, D) @ k.transpose(-2, -1) / math.sqrt(D)).view(B, G, n, L, S)
+    scores = scores.masked_fill(~_causal(q, k, device=False), float("-inf"))
+    return (scores.softmax(-1).view(B, G, n * L, S) @ v).view(B, H, L, D)
 
 
 def grouped_attention_expand_reshape(q, k, v):
@@ -331,6 +342,19 @@ def test_an_answer_for_the_notebooks_sizes_only_fails_on_other_sizes():
     assert feedback.status == "error" and "called with q of shape (1, 8, 4, 2)" in feedback.message, str(feedback)
 
 
+def test_a_mask_for_as_many_queries_as_keys_is_named():
+    """Right whenever L == S, as in section 2's code; wrong after a cache (decoding)."""
+    def square_mask(q, k, v):
+        B, H, L, D = q.shape
+        G, n = k.size(1), q.size(1) // k.size(1)
+        scores = (q.reshape(B, G, n * L, D) @ k.transpose(-2, -1) / math.sqrt(D)).view(B, G, n, L, k.size(2))
+        scores = scores.masked_fill(~torch.ones(L, k.size(2), dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        return (scores.softmax(-1).view(B, G, n * L, k.size(2)) @ v).view(B, H, L, D)
+
+    feedback = check_grouped_attention(square_mask)
+    assert feedback.status == "incorrect" and "top-left corner" in feedback.message, str(feedback)
+
+
 def test_float32_grouped_attention_passes():
     assert check_grouped_attention(lambda q, k, v: grouped_attention(q.float(), k.float(), v.float()))
 
@@ -359,7 +383,9 @@ def test_a_float64_rolling_read_gets_feedback_not_a_crash():
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no scale"), "sqrt\\(D\\)"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no mask"), "causal mask"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v)[:, :2], "expected shape"),
-        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no diagonal"), "does not see itself"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="no diagonal"),
+         "does not see its own position"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="top-left"), "top-left corner"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="naive softmax"), "inf or NaN"),
         (check_grouped_attention, grouped_attention_sdpa, "you called torch.nn.functional.scaled_dot_product_attention"),
         (check_grouped_attention, grouped_attention_package, "you called attn_course"),

@@ -15,17 +15,75 @@ integers; in exercise 4, stacks mixing windows and layers without one.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ..gqa import kv_copies
-from .ch01 import _call_elsewhere, _on_device, _other_device, _where
+from ._core import _StudentCodeFailed
+from ..utils import get_device
 from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor, forbidden,
                large_scores, randn, rng)
 
 __all__ = ["check_gqa_cache_bytes", "check_grouped_attention", "check_mean_pool_kv", "check_receptive_field",
            "check_rolling_read"]
+
+
+# --- Another device: the notebook's GPU, or PyTorch's meta device --------------------------------
+
+def _other_device() -> torch.device:
+    """The GPU of the notebook when there is one (CUDA, then MPS), else the "meta" device, which has shapes and
+    dtypes but no values: a tensor made without ``device=`` lives on the CPU and fails there as on a GPU."""
+    device = get_device()
+    return device if device.type != "cpu" else torch.device("meta")
+
+
+def _meta_note(device: torch.device) -> str:
+    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
+            if device.type == "meta" else "")
+
+
+class _NoData(RuntimeError):
+    """NotImplementedError raised on the meta device ("Cannot copy out of meta tensor"): passed on as an error,
+    not taken for the scaffold's ``raise NotImplementedError``."""
+
+
+def _call_elsewhere(fn, *args, device: torch.device, what: str):
+    """``call(fn, *args)`` with ``args`` on ``device``; the result, or None when the meta device cannot judge it
+    (an answer that needs values; the CPU cases judged it). A CPU tensor meeting the inputs is named."""
+    @functools.wraps(fn)
+    def answer(*a, **k):
+        try:
+            return fn(*a, **k)
+        except NotImplementedError as error:
+            if device.type == "meta":
+                raise _NoData(str(error)) from None
+            raise
+
+    try:
+        return call(answer, *args)
+    except _StudentCodeFailed as failed:
+        text = str(failed.error)
+        lowered = text.lower()
+        if "device" in lowered and "cpu" in lowered and not isinstance(failed.error, _NoData):
+            raise Mismatch(f"{what}: your code raised {type(failed.error).__name__}: "
+                           f"{text.splitlines()[0] if text else ''}{_meta_note(device)}. It works only with CPU "
+                           "tensors: a tensor made without device= (torch.ones, torch.zeros, torch.tensor, "
+                           "torch.arange ...) lives on the CPU, whatever the inputs: make new tensors on the inputs' "
+                           "device (device= from an input, or new_ones, ones_like)") from None
+        if device.type == "meta":
+            return None
+        raise
+
+
+def _on_device(got, device: torch.device, what: str) -> torch.Tensor:
+    got = expect_tensor(got, what=what, dtype="float")
+    if got.device.type != device.type:
+        raise Mismatch(f"{what}: the inputs are on the {device.type} device{_meta_note(device)} but your result is on "
+                       f"{got.device}: make new tensors on the inputs' device (device= from an input), never on a "
+                       "fixed one")
+    return got
 
 
 @exercise(
@@ -70,14 +128,14 @@ def check_gqa_cache_bytes(cache_bytes) -> str:
     return "your sizes are right with and without a window, for any batch, and with numpy integers too."
 
 
-def _causal_grouped(q, k, v, owner, *, scale=True, masked=True, mask_offset=0):
-    """Causal attention of every query head h to key/value head owner[h], in float64."""
-    D = q.size(-1)
-    L = q.size(-2)
-    k_full, v_full = k[:, owner].double(), v[:, owner].double()  # (B, H, L, D)
-    scores = q.double() @ k_full.transpose(-2, -1) / (math.sqrt(D) if scale else 1.0)  # (B, H, L, L)
+def _causal_grouped(q, k, v, owner, *, scale=True, masked=True, mask_offset=0, top_left=False):
+    """Causal attention of every query head h to key/value head owner[h], in float64; the L queries are the
+    last L of the S positions (``top_left``: wrongly, the first L)."""
+    D, L, S = q.size(-1), q.size(-2), k.size(-2)
+    k_full, v_full = k[:, owner].double(), v[:, owner].double()  # (B, H, S, D)
+    scores = q.double() @ k_full.transpose(-2, -1) / (math.sqrt(D) if scale else 1.0)  # (B, H, L, S)
     if masked:
-        allowed = torch.ones(L, L, dtype=torch.bool).tril(mask_offset)
+        allowed = torch.ones(L, S, dtype=torch.bool).tril(mask_offset + (0 if top_left else S - L))
         scores = scores.masked_fill(~allowed, float("-inf"))
     return scores.softmax(dim=-1) @ v_full  # (B, H, L, D)
 
@@ -86,19 +144,20 @@ def _causal_grouped(q, k, v, owner, *, scale=True, masked=True, mask_offset=0):
     "Exercise 2, grouped-query attention without copying keys and values",
     hint="the query heads of a group are consecutive, so the queries can stand in line along the query axis, "
          "(B, G, H/G * L, D): each row then meets its group's one key/value head in an ordinary batched matrix "
-         "product, with nothing to broadcast; mask and normalise per head as in chapter 04 (each head's queries are "
-         "positions 0 .. L - 1), then unfold the result to (B, H, L, D)",
+         "product, with nothing to broadcast; mask and normalise per head as in chapter 04, remembering that each "
+         "head's L queries are the positions S - L .. S - 1, then unfold the result to (B, H, L, D)",
     forbid=("sdpa", "enable_gqa"),
 )
 def check_grouped_attention(grouped_attention) -> str:
     g = rng(11)
-    # (B, H, G, L, D): groups of 2 (where h // G is a valid, wrong index), of 3, multi-query (G = 1), multi-head
-    # (G = H), one query, batch 1 and 3, odd head widths.
-    cases = ((1, 8, 4, 4, 2), (2, 6, 2, 5, 4), (3, 4, 1, 3, 5), (2, 3, 3, 4, 3), (1, 4, 2, 1, 8))
-    for index, (B, H, G, L, D) in enumerate(cases):
+    # (B, H, G, L, S, D): groups of 2 (where h // G is a valid, wrong index), of 3, multi-query (G = 1), multi-head
+    # (G = H), one query after a cache (decoding), fewer queries than keys, batch 1 and 3, odd head widths.
+    cases = ((1, 8, 4, 4, 4, 2), (2, 6, 2, 5, 5, 4), (3, 4, 1, 3, 3, 5), (2, 3, 3, 4, 4, 3), (1, 4, 2, 1, 1, 8),
+             (2, 8, 2, 3, 7, 4), (1, 4, 1, 1, 6, 2), (2, 6, 3, 2, 5, 3))
+    for B, H, G, L, S, D in cases:
         q = randn(B, H, L, D, generator=g, dtype=torch.float64)
-        k = randn(B, G, L, D, generator=g, dtype=torch.float64)
-        v = randn(B, G, L, D, generator=g, dtype=torch.float64)
+        k = randn(B, G, S, D, generator=g, dtype=torch.float64)
+        v = randn(B, G, S, D, generator=g, dtype=torch.float64)
         _check_grouped_case(grouped_attention, q, k, v)
     # Scores near 100 in float32: a softmax written without its max shift overflows.
     q = large_scores(2, 4, 5, 4, generator=g)  # rows of about +100 and -100
@@ -107,8 +166,8 @@ def check_grouped_attention(grouped_attention) -> str:
     _check_grouped_case(grouped_attention, q, k, v)
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
     device = _other_device()
-    q, k, v = (randn(*shape, generator=g).to(device) for shape in ((2, 4, 3, 2), (2, 2, 3, 2), (2, 2, 3, 2)))
-    shown = f"grouped_attention(q, k, v) with q, k and v on {_where(device)}"
+    q, k, v = (randn(*shape, generator=g).to(device) for shape in ((2, 4, 3, 2), (2, 2, 5, 2), (2, 2, 5, 2)))
+    shown = f"grouped_attention(q, k, v) with q, k and v on the {device.type} device"
     got = _call_elsewhere(grouped_attention, q, k, v, device=device, what=shown)
     if got is not None:
         got = _on_device(got, device, shown)
@@ -124,6 +183,7 @@ def check_grouped_attention(grouped_attention) -> str:
 def _check_grouped_case(grouped_attention, q, k, v) -> None:
     B, H, L, D = q.shape
     G = k.size(1)
+    S = k.size(2)
     what = f"grouped_attention(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, {q.dtype})"
     group = H // G
     with forbidden(torch.repeat_interleave, torch.Tensor.repeat, torch.tile,
@@ -148,10 +208,16 @@ def _check_grouped_case(grouped_attention, q, k, v) -> None:
                 raise Mismatch(f"{what}: {mistake}")
         if close(_causal_grouped(q, k, v, owner, scale=False)):
             raise Mismatch(f"{what}: the scores are not divided by sqrt(D)")
+        if L < S and close(_causal_grouped(q, k, v, owner, top_left=True)):
+            raise Mismatch(f"{what}: your causal mask is aligned to the top-left corner, as if the {L} queries were "
+                           f"positions 0 .. {L - 1}; they are the last {L} of the {S} positions (the earlier ones sit "
+                           f"in the cache), so query i is position {S - L} + i and sees keys 0 .. {S - L} + i")
         if L > 1 and close(_causal_grouped(q, k, v, owner, masked=False)):
-            raise Mismatch(f"{what}: every query sees every key: apply the causal mask (query i sees keys 0..i)")
-        if L > 1 and close(_causal_grouped(q, k, v, owner, mask_offset=-1)):
-            raise Mismatch(f"{what}: query i does not see itself; the causal mask keeps keys 0..i, the diagonal included")
+            raise Mismatch(f"{what}: every query sees every key: apply the causal mask (query i, position S - L + i, "
+                           "sees keys 0 .. S - L + i)")
+        if close(_causal_grouped(q, k, v, owner, mask_offset=-1)):
+            raise Mismatch(f"{what}: a query does not see its own position; the causal mask keeps keys up to and "
+                           "including the query's position")
     if copies and group > 1:
         copy = copies[0]
         if copy.function in ("Tensor.matmul", "torch.matmul", "Tensor.__matmul__", "Tensor.__rmatmul__"):
