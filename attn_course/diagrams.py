@@ -750,7 +750,7 @@ def _rename(labels: Mapping[str, str] | None, defaults: Sequence[str]):
 def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | None = None, Dv: int | None = None,
                    heads: int | None = None, batch: int | None = None, projections: bool = True,
                    simple: bool = False, scale: bool = True, mask=None, window: int | None = None,
-                   padding: int | None = None, bias: str | None = None, rotary: bool = False,
+                   padding: int | None = None, bias: str | None = None, rotary: bool | str = False,
                    names: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
                    shapes: str = "both", legend: bool = False, weights=None):
     """Attention's data flow: X -> Q, K, V -> scores -> (scale, mask, bias) -> softmax -> weights -> @V -> output.
@@ -770,7 +770,8 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
             (True = may attend; L, S <= CAP).
         window: the sliding window's width. padding: how many keys are padding (default S // 3).
         bias: None or "alibi" (a bias added to the scores).
-        rotary: rotate Q and K by their positions before the scores.
+        rotary: rotate Q and K by their positions before the scores; a string names those positions
+            (e.g. ``"0..5"``), written under each "rotate" node ("by 0..5") and in the alt text.
         names: other symbols for the shapes, e.g. ``{"L": "T", "D": "d_k"}``.
         labels: other names for the blocks X, Q, K, V, QKᵀ, M, A, O, e.g. ``{"A": "α"}``.
         shapes: "both" (symbols over sizes), "numbers" or "symbols".
@@ -915,12 +916,15 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
             steps.insert(0, f"queries {lab('Q')} {shp.alt(*lead, 'L', 'D')}, keys {lab('K')} "
                             f"{shp.alt(*lead, 'S', 'D')} and values {lab('V')} {shp.alt(*lead, 'S', 'Dv')}")
         if rotary:
+            by = rotary if isinstance(rotary, str) else ""
             for target in (q, k):
-                node = d.op((target.x0 - 0.4, target.center[1]), "rotate")
+                node = d.op((target.x0 - 0.4, target.center[1]), "rotate", note=f"by {by}" if by else "",
+                            note_at="below")
                 d.arrow(node.right, target.left)
                 if not projections:
                     d.arrow((node.x0 - 0.25, target.center[1]), node.left)
-            steps.insert(1, f"{lab('Q')} and {lab('K')} are rotated by their positions (rotary embeddings)")
+            steps.insert(1, f"{lab('Q')} and {lab('K')} are rotated by their positions"
+                            + (f" {by}" if by else "") + " (rotary embeddings)")
         if legend:
             d.legend()
         what = ("simple self-attention" if simple else "scaled dot-product attention" if scale
@@ -2345,8 +2349,8 @@ def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7)):
         d.arrow((first_plus.center[0], note.y1 + 0.02), first_plus.top)
         return (f"Diagram of ALiBi with {H} heads: the distances i − j between query i and key j, {shp.alt('L', 'L')}, "
                 "written in the cells (future keys greyed), are the same for every head; each head multiplies them by "
-                "its own slope and adds the result, a bias matrix of the same shape, to its scores (here small "
-                "illustrative ones) before the causal mask and the softmax; " + "; ".join(words) + ". The biases share one colour scale, darker the more "
+                "its own slope and adds the result, a bias matrix of the same shape, to its scores (illustrative "
+                "ones, which set the weights below) before the causal mask and the softmax; " + "; ".join(words) + ". The biases share one colour scale, darker the more "
                 "negative.")
 
     return _fit(draw)

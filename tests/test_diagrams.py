@@ -608,6 +608,16 @@ def test_rotary_attention_flow_joins_w_v_to_the_values():
     assert any(np.allclose(end, v_left) for end in ends), (v_left, ends)
 
 
+def test_rotary_attention_flow_names_the_positions_when_given():
+    """rotary="0..5" writes "by 0..5" under both "rotate" boxes and names the positions in the alt text."""
+    fig = dg.attention_flow(L=6, D=8, E=16, rotary="0..5")
+    assert [t.get_text() for t in fig.axes[0].texts].count("by 0..5") == 2
+    assert "rotated by their positions 0..5 (rotary embeddings)" in fig.attn_alt
+    plain = dg.attention_flow(L=6, D=8, E=16, rotary=True)
+    assert "by 0..5" not in [t.get_text() for t in plain.axes[0].texts]
+    assert "rotated by their positions (rotary embeddings)" in plain.attn_alt
+
+
 @pytest.mark.parametrize("L, S, block_q, block_k", [(100, 100, 32, 32), (6, 9, 2, 3), (7, 7, 7, 7), (64, 64, 8, 16)])
 def test_causal_tiles_draws_the_tiles_that_tiled_attention_visits(L, S, block_q, block_k):
     fig = dg.causal_tiles(L, S, block_q=block_q, block_k=block_k)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from attn_course.exercises.ch09 import check_alibi_slopes, check_interleaved_to_halves, check_rotate_half_rope
+from attn_course.exercises import ch09
+from attn_course.exercises.ch09 import check_alibi_slopes, check_far_share, check_interleaved_to_halves, check_rotate_half_rope
 
 
 def _scaffold(*args):
@@ -137,7 +138,9 @@ def test_right_answers_pass():
                      check_interleaved_to_halves(interleaved_to_halves),
                      check_interleaved_to_halves(interleaved_to_halves_index),
                      check_interleaved_to_halves(interleaved_to_halves_hf),
-                     check_interleaved_to_halves(lambda w, h: -interleaved_to_halves(w, h))):  # scores unchanged
+                     check_interleaved_to_halves(lambda w, h: -interleaved_to_halves(w, h)),  # scores unchanged
+                     check_far_share(far_share), check_far_share(far_share_loops), check_far_share(far_share_tril),
+                     check_far_share(lambda w, q, f: far_share(w.double(), q, f).to(w.dtype))):
         assert feedback.status == "correct", str(feedback)
         assert bool(feedback)
 
@@ -223,6 +226,87 @@ def _convert_fixed_width(weight, num_heads):
     return weight.view(rows // D, D, E)[:, order].reshape(rows, E)
 
 
+def _rope_low(angles="float16", values=None, result=None):
+    """A rotation with one half-precision step: the angles (positions and frequencies) computed in that dtype,
+    or the input x, or the result, rounded to it."""
+    def rope_low(x, positions, base=10000.0):
+        D = x.size(-1)
+        theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+        if angles == "float16":
+            a = (positions.half()[:, None] * theta.half()).double()
+        elif angles == "float16 frequencies":
+            a = positions.double()[:, None] * theta.half().double()
+        else:
+            a = positions.double()[:, None] * theta
+        xx = x.to(values).double() if values is not None else x.double()
+        first, second = xx[..., : D // 2], xx[..., D // 2:]
+        out = torch.cat([first * a.cos() - second * a.sin(), first * a.sin() + second * a.cos()], -1)
+        return out.to(result).to(x.dtype) if result is not None else out.to(x.dtype)
+    return rope_low
+
+
+def _rope_private_helper(x, positions, base=10000.0):
+    """The check module's own reference helper (correct, but not the student's work)."""
+    D = x.size(-1)
+    angles = positions.double()[:, None] * base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    return ch09._halves(x, angles).to(x.dtype)
+
+
+def _slopes_private_helper(num_heads):
+    n = 2 ** math.floor(math.log2(num_heads))
+    return ch09._power_of_two_slopes(n).tolist() + ch09._power_of_two_slopes(2 * n).tolist()[0::2][: num_heads - n]
+
+
+def far_share(weights, first_query, far, *, align="bottom_right", strict=False, near=False, every_query=False,
+              key_mean=False, query_sum=False, first_sequence=False, head_mean=False, by_key_position=False):
+    L, S = weights.shape[-2:]
+    query_pos = torch.arange(S - L, S) if align == "bottom_right" else torch.arange(L)  # (L,)
+    offset = query_pos[:, None] - torch.arange(S)[None, :]  # (L, S): i - j
+    is_far = offset > far if strict else offset >= far
+    if near:
+        is_far = (offset < far) & (offset >= 0)
+    if by_key_position:
+        is_far = (torch.arange(S)[None, :] >= far) & (offset >= 0)
+    rows = torch.ones(L, dtype=torch.bool) if every_query else query_pos >= first_query
+    w = weights[:1] if first_sequence else weights
+    per_row = (w * is_far).sum(dim=-1)  # (B, H, L)
+    if key_mean:
+        per_row = per_row / is_far.sum(dim=-1).clamp(min=1)
+    per_row = per_row[..., rows]
+    result = (per_row.sum(dim=-1) if query_sum else per_row.mean(dim=-1)).mean(dim=0)  # (H,)
+    return result.mean().expand(result.shape) if head_mean else result
+
+
+def far_share_loops(weights, first_query, far):
+    """Another formulation: Python loops over heads, sequences and queries, returning a list."""
+    B, H, L, S = weights.shape
+    shares = []
+    for h in range(H):
+        total, count = 0.0, 0
+        for b in range(B):
+            for r in range(L):
+                i = S - L + r
+                if i >= first_query:
+                    total += float(weights[b, h, r, : max(i - far + 1, 0)].sum())
+                    count += 1
+        shares.append(total / count)
+    return shares
+
+
+def far_share_tril(weights, first_query, far):
+    """Another formulation: the far keys as a lower triangle below the diagonal S - L - far, in numpy."""
+    L, S = weights.shape[-2:]
+    is_far = np.tril(np.ones((L, S)), k=S - L - far)
+    rows = np.arange(S - L, S) >= first_query
+    return ((weights.numpy() * is_far).sum(-1)[..., rows]).mean(-1).mean(0)
+
+
+def _far_share_in_place(weights, first_query, far):
+    L, S = weights.shape[-2:]
+    weights *= (torch.arange(S - L, S)[:, None] - torch.arange(S)[None, :]) >= far
+    return weights.sum(dim=-1)[..., torch.arange(S - L, S) >= first_query].mean(dim=(0, 2))
+
+
 # --- wrong answers say what is wrong --------------------------------------------------------------
 
 @pytest.mark.parametrize(
@@ -266,6 +350,29 @@ def _convert_fixed_width(weight, num_heads):
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="columns"), "scores of the converted model differ"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="odds first"), "odd rows first"),
         (check_interleaved_to_halves, _convert_in_place, "changed its input `weight` in place"),
+        # the second review: float16 angles were called bfloat16, and rounded values were called rounded angles
+        (check_rotate_half_rope, _rope_low("float16"), "angles computed in float16 .*at position"),
+        (check_rotate_half_rope, _rope_low("float16 frequencies"), "angles computed in float16"),
+        (check_rotate_half_rope, _rope_low(None, values=torch.float16), "precision of float16: the angles are right"),
+        (check_rotate_half_rope, _rope_low(None, result=torch.bfloat16), "precision of bfloat16: the angles are right"),
+        # the check module's own helpers compute the answer: forbidden
+        (check_rotate_half_rope, _rope_private_helper, "you called attn_course.exercises.ch09._halves"),
+        (check_alibi_slopes, _slopes_private_helper, "you called attn_course.exercises.ch09._power_of_two_slopes"),
+        (check_far_share, lambda w, q, f: ch09._far_share(w, q, f), "you called attn_course.exercises.ch09._far_share"),
+        # exercise 4
+        (check_far_share, lambda w, q, f: far_share(w, q, f, align="top_left"), "NaN: no row was kept"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, strict=True), "exactly `far` positions back"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, near=True), "near share"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, every_query=True), "averaged over every query"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, key_mean=True), "averaged the weights over the far keys"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, query_sum=True), "added up the shares"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, first_sequence=True), "first sequence of the batch"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, head_mean=True), "averaged over the heads"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f, by_key_position=True), "by their position"),
+        (check_far_share, lambda w, q, f: far_share(w, q, f).mean(), "expected shape"),  # one number for all heads
+        (check_far_share, lambda w, q, f: far_share(w, q, f).half(), "float16"),
+        (check_far_share, lambda w, q, f: far_share(w[:, :, -1:], q, f), "values differ"),  # the last query only
+        (check_far_share, _far_share_in_place, "changed its input `weights` in place"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):
@@ -275,7 +382,8 @@ def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):
     assert re.search(text, feedback.message), feedback.message
 
 
-@pytest.mark.parametrize("check", [check_rotate_half_rope, check_alibi_slopes, check_interleaved_to_halves])
+@pytest.mark.parametrize("check", [check_rotate_half_rope, check_alibi_slopes, check_interleaved_to_halves,
+                                   check_far_share])
 def test_scaffolds_and_crashes(check):
     assert check(_scaffold).status == "not attempted"
     assert check(...).status == "not attempted"

@@ -6,7 +6,9 @@ They use the shared mechanism of ``attn_course.exercises``: the package forbidde
 asks for plain torch (``forbid=("attn_course",)``), inputs watched for changes in place, sizes unlike
 the notebook's (one pair, an odd number of pairs, a single position, heads as a leading axis, one head,
 head counts up to BLOOM's 112), float32 as well as float64, and slopes given as a list, a numpy array
-or a tensor.
+or a tensor. Exercise 4 measures the share of attention that goes far, for whole sequences and for cached
+steps (the queries at the last L positions). The module's own reference helpers are forbidden too
+(``_PRIVATE``): an answer that calls them has not done the exercise.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..alibi import alibi_slopes
 from ..rotary import apply_rotary_embedding
 from . import Mismatch, call, exercise, expect_close, expect_tensor, randn, rng
 
-__all__ = ["check_rotate_half_rope", "check_alibi_slopes", "check_interleaved_to_halves"]
+__all__ = ["check_rotate_half_rope", "check_alibi_slopes", "check_interleaved_to_halves", "check_far_share"]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-6) -> bool:
@@ -33,6 +35,30 @@ def _halves(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     first, second = x[..., :half].double(), x[..., half:].double()
     cos, sin = angles.cos(), angles.sin()
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def _power_of_two_slopes(n: int) -> torch.Tensor:
+    return torch.tensor([2.0 ** (-8.0 * k / n) for k in range(1, n + 1)], dtype=torch.float64)
+
+
+def _per_head_scores(weight_q, weight_k, x, num_heads, interleaved):
+    D = weight_q.size(0) // num_heads
+    q = (x @ weight_q.T).view(x.size(0), num_heads, D).transpose(0, 1)  # (T, H*D) -> (H, T, D)
+    k = (x @ weight_k.T).view(x.size(0), num_heads, D).transpose(0, 1)
+    q = apply_rotary_embedding(q, interleaved=interleaved)
+    k = apply_rotary_embedding(k, interleaved=interleaved)
+    return q @ k.transpose(-2, -1)  # (H, T, T)
+
+
+def _far_share(weights: torch.Tensor, first_query: int, far: int) -> torch.Tensor:
+    """Per head, the share of the attention that queries at positions >= first_query give to keys at least
+    ``far`` positions back; weights (B, H, L, S), the L queries at the last L positions of the S keys."""
+    L, S = weights.shape[-2:]
+    query_pos = torch.arange(S - L, S)[:, None]  # (L, 1): bottom-right aligned
+    is_far = (query_pos - torch.arange(S)[None, :]) >= far  # (L, S)
+    rows = query_pos[:, 0] >= first_query  # (L,)
+    w = weights.detach().double().cpu()
+    return (w * is_far).sum(dim=-1)[:, :, rows].mean(dim=(0, 2))  # (B, H, L) -> (H,)
 
 
 def _rope_mistakes(got: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, base: float, what: str) -> None:
@@ -80,13 +106,64 @@ def _rope_mistakes(got: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, 
         raise Mismatch(f"{what}: you paired the halves but spread the angles in the interleaved way (theta_0, theta_0, "
                        "theta_1, ...); in the half layout coordinates i and i + D/2 share theta_i, so the angles "
                        "are the D/2 angles written twice, one copy after the other")
-    for low_dtype in (torch.bfloat16, torch.float16):
-        low = (p[:, None].to(low_dtype) * theta.to(low_dtype)).double()
-        if _close(got, _halves(x, low), atol=1e-2):
-            raise Mismatch(f"{what}: your angles lose precision: computed in {str(low_dtype).replace('torch.', '')}, "
-                           f"the frequencies and the angles are rounded to 8 (or 11) significant bits, so at position "
-                           f"{int(positions.abs().max())} an angle is off by a good part of a radian. Compute them in "
-                           "float32 or float64, then cast the result")
+    _low_precision(got, x, positions, base, what)
+
+
+def _low_precision(got: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, base: float, what: str) -> None:
+    """Name a rotation computed in float16 or bfloat16: its angles, or its values, rounded.
+
+    Each candidate is a way of writing the rotation with a half-precision step (the frequencies, the
+    angles or both rounded; the frequencies computed in that dtype; the input or the result rounded).
+    The answer matches the candidate nearest to it when it is much nearer to it than the candidate is to
+    the exact rotation; the message names that candidate's dtype and the angle error it measured here.
+    """
+    D = x.size(-1)
+    p = positions.double()
+    two_i = torch.arange(0, D, 2, dtype=torch.float64)
+    theta = base ** (-two_i / D)
+    exact_angles = p[:, None] * theta  # (T, D/2)
+    exact = _halves(x, exact_angles)
+    answer = got.detach().double().cpu()
+    best = None  # (distance, dtype, kind, angles or None)
+    for dtype in (torch.bfloat16, torch.float16):
+        theta_low = (base ** (-two_i.to(dtype) / D)).double()  # the frequencies computed in that dtype
+        angle_versions = [
+            p[:, None] * theta.to(dtype).double(),  # the frequencies rounded
+            (p[:, None] * theta).to(dtype).double(),  # the angles rounded
+            (p[:, None].to(dtype) * theta.to(dtype)).double(),  # the positions, frequencies and products
+            p[:, None] * theta_low,
+            (p[:, None].to(dtype) * theta_low.to(dtype)).double(),
+        ]
+        for angles in angle_versions:
+            candidate = _halves(x, angles)
+            distance = float((answer - candidate).abs().max())
+            separation = float((candidate - exact).abs().max())
+            if separation > 0 and distance <= 0.05 * separation and (best is None or distance < best[0]):
+                best = (distance, dtype, "angles", angles)
+        for candidate in (_halves(x.to(dtype), exact_angles), exact.to(dtype).double()):
+            distance = float((answer - candidate.double()).abs().max())
+            separation = float((candidate.double() - exact).abs().max())
+            if separation > 0 and distance <= 0.05 * separation and (best is None or distance < best[0]):
+                best = (distance, dtype, "values", None)
+    if best is None:
+        return
+    _, dtype, kind, angles = best
+    name = str(dtype).replace("torch.", "")
+    bits = {torch.bfloat16: 8, torch.float16: 11}[dtype]
+    if kind == "values":
+        raise Mismatch(f"{what}: your result has the precision of {name}: the angles are right, but the numbers "
+                       f"rotated (or the result) were rounded to {bits} significant bits. Keep x in its own dtype "
+                       "and compute the rotation in it (or in float64, then cast the result back)")
+    error = (angles - exact_angles).abs()  # (T, D/2)
+    row = int(error.max(dim=-1).values.argmax())
+    raise Mismatch(f"{what}: your angles lose precision: they match angles computed in {name} ({bits} significant "
+                   f"bits); here the largest angle error is {float(error.max()):.2g} radian, at position "
+                   f"{int(positions[row])}, and it grows with the position (section 3 measures it at position 2,000). Compute the frequencies and "
+                   "the angles in float32 or float64, then cast the result")
+
+
+# The reference helpers of this module compute the answers: an answer that calls them does not count.
+_PRIVATE = (_close, _halves, _power_of_two_slopes, _per_head_scores, _far_share, _rope_mistakes, _low_precision)
 
 
 @exercise(
@@ -95,7 +172,7 @@ def _rope_mistakes(got: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, 
          "frequencies as the paired layout); split the last axis into its first and second halves, rotate each "
          "pair (first half, second half) with the cosine and sine of its angle, and put the two halves back "
          "together in the same order",
-    forbid=("attn_course",),
+    forbid=("attn_course", *_PRIVATE),
 )
 def check_rotate_half_rope(rope) -> str:
     g = rng(9)
@@ -123,16 +200,12 @@ def check_rotate_half_rope(rope) -> str:
             "the GPT-NeoX code and of Hugging Face's Llama, for any leading axes, head width and dtype.")
 
 
-def _power_of_two_slopes(n: int) -> torch.Tensor:
-    return torch.tensor([2.0 ** (-8.0 * k / n) for k in range(1, n + 1)], dtype=torch.float64)
-
-
 @exercise(
     "Exercise 2, ALiBi slopes for any number of heads",
     hint="for a power of two n the slopes start at 2 to the power of -8/n and keep that ratio (n of them); for "
          "another count, take the slopes of the power of two just below, then append the first, third, fifth ... "
          "slopes of twice as many heads until there are enough",
-    forbid=("attn_course",),
+    forbid=("attn_course", *_PRIVATE),
 )
 def check_alibi_slopes(slopes_fn) -> str:
     for num_heads in (8, 4, 1, 2, 16, 6, 12, 20, 3, 5, 7, 24, 112):
@@ -179,19 +252,11 @@ def check_alibi_slopes(slopes_fn) -> str:
             "for every other head count tried (3, 5, 6, 7, 12, 20, 24 and BLOOM's 112).")
 
 
-def _per_head_scores(weight_q, weight_k, x, num_heads, interleaved):
-    D = weight_q.size(0) // num_heads
-    q = (x @ weight_q.T).view(x.size(0), num_heads, D).transpose(0, 1)  # (T, H*D) -> (H, T, D)
-    k = (x @ weight_k.T).view(x.size(0), num_heads, D).transpose(0, 1)
-    q = apply_rotary_embedding(q, interleaved=interleaved)
-    k = apply_rotary_embedding(k, interleaved=interleaved)
-    return q @ k.transpose(-2, -1)  # (H, T, T)
-
-
 @exercise(
     "Exercise 3, converting a checkpoint between the two layouts",
     hint="within each head, the new row i must hold the coordinate that the half layout rotates as coordinate i: "
          "first the even rows of the head, then its odd rows; permute the rows of each head separately",
+    forbid=_PRIVATE,
 )
 def check_interleaved_to_halves(convert) -> str:
     g = rng(10)
@@ -229,3 +294,92 @@ def check_interleaved_to_halves(convert) -> str:
                        "head, not the columns")
     return ("with your permuted weights the half layout gives exactly the scores the interleaved model gave, for every "
             "head count and width tried: the same model, stored the other way.")
+
+
+def _causal_weights(B: int, H: int, L: int, S: int, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """Softmax weights (B, H, L, S) of random scores, the L queries at the last L positions (causal)."""
+    scores = randn(B, H, L, S, generator=g, dtype=torch.float64) * 2
+    query_pos = torch.arange(S - L, S)[:, None]
+    blocked = torch.arange(S)[None, :] > query_pos  # (L, S): future keys
+    return scores.masked_fill(blocked, float("-inf")).softmax(dim=-1).to(dtype)
+
+
+@exercise(
+    "Exercise 4, how much attention goes far",
+    hint="row r of the weights is the query at position S - L + r (the queries are the last L positions, as in a "
+         "cached step); key j is far from query i when i - j is at least far. Add up each row's weights on its far "
+         "keys, keep the rows whose position is first_query or later, and average over the batch and those rows: "
+         "one number per head",
+    forbid=("attn_course", *_PRIVATE),
+)
+def check_far_share(far_share) -> str:
+    import numpy as np
+
+    g = rng(11)
+    cases = [  # (B, H, L, S, first_query, far, dtype): a whole sequence first, as in section 6, then cached steps
+        (2, 4, 12, 12, 6, 4, torch.float64),
+        (3, 2, 3, 10, 8, 3, torch.float64),  # a cached step: three queries at positions 7, 8, 9 of 10 keys
+        (1, 3, 5, 9, np.int64(5), np.int64(2), torch.float32),  # numpy integers, float32
+        (2, 5, 1, 7, 6, 6, torch.float64),  # one query; only key 0 is 6 back
+        (2, 3, 16, 16, 0, 1, torch.float64),  # every query; every key but the query itself
+    ]
+    for B, H, L, S, first_query, far, dtype in cases:
+        weights = _causal_weights(B, H, L, S, g, dtype)
+        what = (f"far_share(weights of shape {(B, H, L, S)}, first_query={int(first_query)}, far={int(far)}) "
+                f"({str(dtype).replace('torch.', '')})")
+        got = expect_tensor(call(far_share, weights, first_query, far), what=what, shape=(H,), dtype="float",
+                            convert=True)
+        expected = _far_share(weights, int(first_query), int(far)).to(dtype)
+        answer = got.detach().double().cpu()
+        if bool(torch.isnan(answer).any()):
+            raise Mismatch(f"{what}: your shares are NaN: no row was kept. first_query is a position, and the L rows "
+                           f"hold positions {S - L} to {S - 1} (the last L of the S keys), not 0 to {L - 1}")
+        if not _close(answer, expected.double(), atol=1e-5):
+            _far_share_mistakes(answer, weights, int(first_query), int(far), what)
+        expect_close(got, expected, what=what)
+    return ("your shares match for whole sequences and for cached steps (queries at the last L positions), in "
+            "float32 and float64: the measurement of section 6, for any block of queries.")
+
+
+def _far_share_mistakes(answer: torch.Tensor, weights: torch.Tensor, first_query: int, far: int, what: str) -> None:
+    """Name the mistake when ``answer`` is a plausible wrong share."""
+    w = weights.detach().double().cpu()
+    B, H, L, S = w.shape
+    expected = _far_share(w, first_query, far)
+
+    def share(query_pos, is_far, rows, reduce_keys="sum", reduce_rows="mean", batch=slice(None)):
+        kept = w[batch] * is_far
+        per_row = kept.sum(dim=-1) if reduce_keys == "sum" else kept.sum(dim=-1) / is_far.sum(dim=-1).clamp(min=1)
+        per_row = per_row[..., rows]  # (B, H, rows)
+        if reduce_rows == "sum":
+            return per_row.sum(dim=-1).mean(dim=0)
+        return per_row.mean(dim=-1).mean(dim=0)
+
+    right_pos = torch.arange(S - L, S)[:, None]
+    key_pos = torch.arange(S)[None, :]
+    top_left = torch.arange(L)[:, None]
+    rows = right_pos[:, 0] >= first_query
+    candidates = {
+        "your query positions start at 0 at the first row; the L queries are the last L positions, S - L to S - 1 "
+        "(bottom-right aligned, as in a cached step)":
+            share(top_left, (top_left - key_pos) >= far, top_left[:, 0] >= first_query),
+        "you kept the keys more than `far` back; a key exactly `far` positions back counts as far too (i - j >= far)":
+            share(right_pos, (right_pos - key_pos) > far, rows),
+        "you kept the keys fewer than `far` positions back: that is the near share, one minus the far share":
+            share(right_pos, ((right_pos - key_pos) < far) & ((right_pos - key_pos) >= 0), rows),
+        "you averaged over every query; keep only the queries at positions first_query and later":
+            share(right_pos, (right_pos - key_pos) >= far, torch.ones(L, dtype=torch.bool)),
+        "you averaged the weights over the far keys; the share is their sum (the weights of a row add up to 1)":
+            share(right_pos, (right_pos - key_pos) >= far, rows, reduce_keys="mean"),
+        "you added up the shares of the queries; average them, so that the result is a share between 0 and 1":
+            share(right_pos, (right_pos - key_pos) >= far, rows, reduce_rows="sum"),
+        "you used the first sequence of the batch only; average over the batch too":
+            share(right_pos, (right_pos - key_pos) >= far, rows, batch=slice(0, 1)),
+        "your shares count keys by their position (j >= far), not by their distance from the query (i - j >= far)":
+            share(right_pos, (key_pos >= far) & (key_pos <= right_pos), rows),
+    }
+    for mistake, wrong in candidates.items():
+        if not _close(wrong, expected, atol=1e-7) and _close(answer, wrong, atol=1e-5):
+            raise Mismatch(f"{what}: {mistake}")
+    if _close(answer, expected.mean().expand(H), atol=1e-5):
+        raise Mismatch(f"{what}: you averaged over the heads; return one share per head")
