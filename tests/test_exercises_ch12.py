@@ -52,7 +52,9 @@ def delta_loop(q, k, v, beta, *, mistake=None):
         else:
             write = b_t * (v_t - recalled)
         state = state + k_t[..., :, None] * write[..., None, :]
-        if mistake != "read before":
+        if mistake == "S q":
+            outputs.append((state @ q_t[..., :, None]).squeeze(-1))
+        elif mistake != "read before":
             outputs.append((q_t[..., None, :] @ state).squeeze(-2))
     output = torch.stack(outputs, dim=2)
     if mistake == "transposed state":
@@ -371,7 +373,8 @@ WRONG = [
     (check_delta_rule_loop, _wrong(delta_loop, mistake="sign"), "wrong sign"),
     (check_delta_rule_loop, _wrong(delta_loop, mistake="beta on v"), "multiplies only v_t"),
     (check_delta_rule_loop, _wrong(delta_loop, mistake="beta twice"), "applied twice"),
-    (check_delta_rule_loop, _wrong(delta_loop, mistake="S k"), "papers' orientation"),
+    (check_delta_rule_loop, _wrong(delta_loop, mistake="S k"), "you recalled S k_t"),
+    (check_delta_rule_loop, _wrong(delta_loop, mistake="S q"), "you read the output as S_t q_t"),
     (check_delta_rule_loop, _wrong(delta_loop, mistake="normalise"), "normalised them, or capped"),
     (check_delta_rule_loop, delta_capped_keys, r"capped their length at 1\).*length 1.3"),
     (check_delta_rule_loop, delta_state_on_cpu, "made without device="),
@@ -411,7 +414,7 @@ WRONG = [
     (check_decoding_memory, _wrong(memory, mistake="ceil"), "not one more"),
     (check_decoding_memory, _wrong(memory, mistake="MiB"), "answer in MiB; return it in bytes"),
     (check_decoding_memory, _wrong(memory, mistake="float"), "return an integer"),
-    (check_decoding_memory, _wrong(memory, mistake="no bytes"), "expected"),
+    (check_decoding_memory, _wrong(memory, mistake="no bytes"), "numbers, not bytes"),
 ]
 
 

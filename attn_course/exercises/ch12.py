@@ -99,7 +99,8 @@ def _on_device(got, device: torch.device, what: str) -> torch.Tensor:
 
 
 def _delta_reference(q, k, v, beta, *, read_before=False, additive=False, no_beta=False, flipped=False,
-                     beta_on_value=False, papers_read=False, normalise=False, beta_on_both=False):
+                     beta_on_value=False, papers_read=False, normalise=False, beta_on_both=False,
+                     papers_output=False):
     """The delta rule in the chapter's orientation (state (D_k, D_v), o_t = S_t^T q_t), in float64,
     with one of the plausible mistakes switched on."""
     q, k, v, beta = (x.detach().double() for x in (q, k, v, beta))
@@ -127,7 +128,9 @@ def _delta_reference(q, k, v, beta, *, read_before=False, additive=False, no_bet
         else:
             write = b_t[..., None] * ((recalled - v_t) if flipped else (v_t - recalled))
         S = S + k_t[..., :, None] * write[..., None, :]  # (B, H, D_k, D_v)
-        if not read_before:
+        if papers_output:  # S q_t with S read as (D_v, D_k): only possible when D_k == D_v
+            outputs.append((S @ q_t[..., :, None]).squeeze(-1))
+        elif not read_before:
             outputs.append((q_t[..., None, :] @ S).squeeze(-2))
     return torch.stack(outputs, dim=2), S
 
@@ -144,6 +147,8 @@ _DELTA_MISTAKES = {
     "beta_on_both": "beta_t is applied twice to the recalled value: the correction is beta_t (v_t - S_{t-1}^T k_t)",
     "papers_read": "you recalled S k_t, which reads the state as (D_v, D_k) (the DeltaNet papers' orientation); "
                    "with the state stored as (D_k, D_v), the value stored under k_t is k_t^T S = S^T k_t",
+    "papers_output": "you read the output as S_t q_t, which reads the state as (D_v, D_k) (the DeltaNet papers' "
+                     "orientation); with the state stored as (D_k, D_v), the output is q_t^T S_t = S_t^T q_t",
     "normalise": "you rescaled the keys (normalised them, or capped their length at 1): the function computes the "
                  "equations for the keys it is given (DeltaNet normalises them before calling it); here the keys have "
                  "length {key_length}",
@@ -197,12 +202,13 @@ def check_delta_rule_loop(delta_rule_loop) -> str:
                            "(D_k, D_v), rows indexed by key features (the papers' d_v x d_k is its transpose)")
         if not (close(got_output, want_output) and close(got_state, want_state)):
             for mistake, message in _DELTA_MISTAKES.items():
-                if mistake == "papers_read" and Dk != Dv:
+                if mistake in ("papers_read", "papers_output") and Dk != Dv:
                     continue
                 if mistake == "normalise" and key_length == 1.0:
                     continue
                 wrong_output, wrong_state = _delta_reference(q, k, v, beta, **{mistake: True})
-                if close(got_output, wrong_output) or (mistake != "read_before" and close(got_state, wrong_state)):
+                if close(got_output, wrong_output) or (mistake not in ("read_before", "papers_output")
+                                                        and close(got_state, wrong_state)):
                     raise Mismatch(f"{what}: {message.replace('{key_length}', str(key_length))}")
         expect_close(output, want_output.to(dtype), what=f"the output of {what}")
         expect_close(state, want_state.to(dtype), what=f"the state of {what}")
@@ -406,6 +412,7 @@ def _memory_mistakes(config: dict, context_len: int) -> dict:
     first_layer_softmax = math.ceil(num_hidden_layers / every)  # layers 1, 1 + every, ...: one too many when it does not divide
     mistakes = {
         "the cache holds keys *and* values: 2 numbers per key/value head, head width and token": cache // 2 + state,
+        "you counted numbers, not bytes: multiply by bytes_per_number": right // config["bytes_per_number"],
         "the state does not grow with the context: it is D_k x D_v numbers per value head whatever the length":
             cache + state * context_len,
         "only every full_attention_interval-th layer keeps a cache; the other layers keep a state":
