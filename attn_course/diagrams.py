@@ -1052,6 +1052,10 @@ def multihead_flow(L: int = 5, E: int = 12, H: int = 3, *, kv_heads: int | None 
             blocks.append(blk)
             y = blk.y1 + gap + d.ext(L) / 2
         q, k = blocks[:2]
+        if G != H:  # which query heads each key/value head serves, in words between K and V
+            n = H // G  # at least 2
+            d.text(k.x1 + d.lift(G), k.y1 + 0.08, f"key/value head g serves\nquery heads {n}g to {n}g + {n - 1}",
+                   va="top", ha="right")
         att = d.op((q.x1 + f + 1.0, k.center[1]), "attention\nin each head")
         for blk in blocks:
             d.arrow(blk.right, att.left, via=[(att.x0 - 0.25, blk.right[1]), (att.x0 - 0.25, att.center[1])]
@@ -1098,8 +1102,8 @@ def multihead_flow(L: int = 5, E: int = 12, H: int = 3, *, kv_heads: int | None 
                 label = d.text(swatch.x1 + 0.06, y_heads, f"head {h}", size=_SMALL_PT, colour=INK, ha="left")
                 x = label.x1 + 0.22
         kv_words = (f"keys K and values V {shp.alt(*b, 'H', 'L', 'D')}" if G == H else
-                    f"keys K and values V {shp.alt(*b, 'G', 'L', 'D')} (each key/value head shared by {H // G} "
-                    "query heads)")
+                    f"keys K and values V {shp.alt(*b, 'G', 'L', 'D')} (written under K: key/value head g serves "
+                    f"query heads {H // G}g to {H // G}g + {H // G - 1})")
         return (f"Diagram of {'grouped-query' if G != H else 'multi-head'} attention with {H} heads: {start}queries Q "
                 f"{shp.alt(*b, 'H', 'L', 'D')} and {kv_words}{', which' if start else ''} go through attention in "
                 f"each head separately; the "

@@ -553,6 +553,13 @@ def test_alibi_flow_draws_the_packages_slopes_on_one_scale():
     assert "head 0 multiplies them by −1/" in dg.alt_text(fig) or "head 0 multiplies them by −0." in dg.alt_text(fig)
 
 
+def test_multihead_flow_with_kv_heads_says_which_query_heads_each_serves():
+    fig = dg.multihead_flow(L=6, E=32, H=8, kv_heads=2)
+    assert "key/value head g serves\nquery heads 4g to 4g + 3" in [t.get_text() for t in texts(fig)]
+    assert "key/value head g serves query heads 4g to 4g + 3" in dg.alt_text(fig)
+    assert "serves" not in dg.alt_text(dg.multihead_flow(L=6, E=32, H=8))
+
+
 def test_grouped_fold_flow_masks_each_heads_rows_as_the_package_folds_them():
     import matplotlib.colors as mcolors
     from matplotlib.patches import Rectangle

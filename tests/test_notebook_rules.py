@@ -73,7 +73,7 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         "09_rotary_and_alibi": "executed on a busy shared machine (268 s recorded at a load of 6 to 10 on 2 cores; "
                                "61 s recorded earlier at a load of 3; about 50 s stated for an idle 2-core CPU): "
                                "the lead re-executes it on a quiet one",
-        "10_grouped_query_attention": "executed on a busy shared machine (194 s recorded, about 30 s stated for an "
+        "10_grouped_query_attention": "executed on a busy shared machine (129 s recorded, about 30 s stated for an "
                                       "idle 2-core CPU): the lead re-executes it on a quiet one",
         "11_latent_attention": "executed on a busy shared machine (133 s recorded at a load of 7 on 2 cores; 49.5 s "
                                "at a load of 2 half an hour earlier), about 60 s stated for an idle 2-core CPU: the lead "
@@ -90,7 +90,7 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         "07_character_translator": "the header's 'about 60 s' against the busy machine's 169 s record (see header_run_time)",
         "08_efficient_attention": "the header's 'about 40 s' against the busy machine's 71 s record (see header_run_time)",
         "09_rotary_and_alibi": "the header's 'about 50 s' against the busy machine's 268 s record (see header_run_time)",
-        "10_grouped_query_attention": "the header's 'about 30 s' against the busy machine's 194 s record (see "
+        "10_grouped_query_attention": "the header's 'about 30 s' against the busy machine's 129 s record (see "
                                       "header_run_time)",
         "11_latent_attention": "the header's 'about 60 s' against the busy machine's 133 s record (see header_run_time)",
     },
