@@ -237,11 +237,15 @@ class _NoData(RuntimeError):
 _NEW_TENSORS = "torch.zeros, torch.full, torch.tensor, torch.arange ..."
 
 
-def call_elsewhere(fn: Callable, *args, device: torch.device, what: str, made_by: str = _NEW_TENSORS) -> Any:
+def call_elsewhere(fn: Callable, *args, device: torch.device, what: str, made_by: str = _NEW_TENSORS,
+                   copy_out_is_a_mistake: bool = True) -> Any:
     """:func:`call` with ``args`` already on ``device`` (from :func:`other_device`). Returns the result, or
     None where the meta device cannot judge the answer (it needed values: ``.item()``, an ``if`` on a tensor;
     the CPU cases judged it). An answer that made a tensor on the CPU, or moved data to numpy, raises
-    :class:`Mismatch` saying so; ``made_by`` lists the constructors the message names."""
+    :class:`Mismatch` saying so; ``made_by`` lists the constructors the message names. On the meta device,
+    data copied out of an input ("Cannot copy out of meta tensor": ``.cpu()``, ``.tolist()``) is named as a
+    move to the CPU unless ``copy_out_is_a_mistake=False`` (where the exercise's right answers may copy
+    out and back: then the answer is not judged there)."""
     @functools.wraps(fn)
     def answer(*a, **k):
         try:
@@ -266,10 +270,11 @@ def call_elsewhere(fn: Callable, *args, device: torch.device, what: str, made_by
         # A CPU tensor met the inputs ("... on the expected device cpu", "found ... cuda:0 and cpu"), or data was
         # copied out of a meta tensor into one. Other errors of the meta device are not the student's: it
         # refuses a 0-dimensional CPU value in masked_fill, which CUDA accepts.
-        if ("device" in lowered and "cpu" in lowered) or (isinstance(error, _NoData) and "copy" in lowered):
+        copied_out = isinstance(error, _NoData) and "copy" in lowered
+        if ("device" in lowered and "cpu" in lowered and not copied_out) or (copied_out and copy_out_is_a_mistake):
             raise Mismatch(f"{what}: your code raised {kind}: {first}{_meta_note(device)}. It works only with CPU "
                            f"tensors: a tensor made without device= ({made_by}) lives on the CPU, whatever the "
-                           "inputs. Make new tensors on the inputs' device (device= from an input, or zeros_like, "
+                           "inputs: make new tensors on the inputs' device (device= from an input, or zeros_like, "
                            "new_zeros, full_like)") from None
         if device.type == "meta":
             return None

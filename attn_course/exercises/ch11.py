@@ -20,16 +20,14 @@ multiply-adds (matrix products and elementwise products alike) as rebuilding one
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import numbers
 
 import torch
 
-from ..utils import get_device
-from . import Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_sequence, randn, rng
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_number, expect_on_device,
+               expect_sequence, other_device, randn, rng)
 from ._ch11_watch import _LargestTensor
-from ._core import _StudentCodeFailed
 
 __all__ = ["check_cache_per_token", "check_absorbed_scores", "check_merged_output"]
 
@@ -37,58 +35,14 @@ __all__ = ["check_cache_per_token", "check_absorbed_scores", "check_merged_outpu
 # --------------------------------------------------------------------------------------------------
 # Another device
 
-def _other_device() -> torch.device:
-    """The notebook's GPU where there is one (CUDA, then MPS), else PyTorch's "meta" device, which has shapes and
-    dtypes but no values. A tensor made without ``device=`` lives on the CPU, and meets the inputs there."""
-    device = get_device()
-    return device if device.type != "cpu" else torch.device("meta")
-
-
-def _meta_note(device: torch.device) -> str:
-    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
-            if device.type == "meta" else "")
-
-
-class _NoData(RuntimeError):
-    """NotImplementedError raised on the meta device ("Cannot copy out of meta tensor"): passed on as an error,
-    not taken for the scaffold's ``raise NotImplementedError``."""
-
-
-def _call_elsewhere(fn, *args, device: torch.device, what: str, shape: tuple):
-    """``call(fn, *args)`` with ``args`` on ``device``: the result must be a tensor of ``shape`` on that device.
-    On the meta device an answer that needs values (``.item()``, an ``if`` on a tensor) cannot be judged and
-    passes here (the CPU cases judge it)."""
-    @functools.wraps(fn)
-    def answer(*a, **k):
-        try:
-            return fn(*a, **k)
-        except NotImplementedError as error:
-            if device.type == "meta":
-                raise _NoData(str(error)) from None
-            raise
-
-    try:
-        got = call(answer, *args)
-    except _StudentCodeFailed as failed:
-        text = str(failed.error)
-        lowered = text.lower()
-        if ("device" in lowered and "cpu" in lowered) or (isinstance(failed.error, _NoData) and "copy" in lowered):
-            kind = "NotImplementedError" if isinstance(failed.error, _NoData) else type(failed.error).__name__
-            raise Mismatch(f"{what}: your code raised {kind}: "
-                           f"{text.splitlines()[0] if text else ''}{_meta_note(device)}. It works only with CPU "
-                           "tensors: a tensor made without device= (torch.zeros, torch.empty, torch.tensor ...) lives "
-                           "on the CPU, whatever the inputs: make new tensors on the inputs' device (device= from an "
-                           "input, or new_zeros, zeros_like)") from None
-        if device.type == "meta":
-            return
-        raise
-    if not isinstance(got, torch.Tensor):
-        raise Mismatch(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
-    if got.device.type != device.type:
-        raise Mismatch(f"{what}: the inputs are on the {device.type} device{_meta_note(device)} but your result is on "
-                       f"{got.device}: a tensor made without device= (torch.zeros, torch.empty ...) lives on the CPU "
-                       "whatever the inputs; make new tensors on the inputs' device (device= from an input, or "
-                       "new_zeros, zeros_like)")
+def _call_elsewhere(fn, *args, device: torch.device, what: str, shape: tuple) -> None:
+    """``call(fn, *args)`` with ``args`` on ``device`` (:func:`other_device`): the result must be a tensor of
+    ``shape`` on that device. On the meta device an answer that needs values (``.item()``, an ``if`` on a
+    tensor) cannot be judged and passes here (the CPU cases judge it)."""
+    got = call_elsewhere(fn, *args, device=device, what=what, made_by="torch.zeros, torch.empty, torch.tensor ...")
+    if got is None and device.type == "meta":
+        return
+    got = expect_on_device(got, device, what)
     expect(tuple(got.shape) == tuple(shape), f"{what}: expected shape {tuple(shape)}, got {tuple(got.shape)}")
 
 
@@ -268,7 +222,7 @@ def check_absorbed_scores(absorbed_scores) -> str:
         _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S)
     _scores_case(absorbed_scores, generator, 2, 3, 2, 7, 4, 2, 6, dtype=torch.float64)
     # The GPU where there is one, else the meta device: new tensors must follow the inputs.
-    device = _other_device()
+    device = other_device()
     B, H, L, D, Dc, Dr, S = 2, 4, 1, 8, 6, 4, 10
     inputs = [randn(*size, generator=generator).to(device)
               for size in ((B, H, L, D), (B, H, L, Dr), (H * D, Dc), (B, S, Dc), (B, S, Dr))]
@@ -352,7 +306,7 @@ def check_merged_output(merge_value_into_output) -> str:
         expect(torch.allclose((context_latent.reshape(2, 3, H * Dc) @ got.to(dtype).T).double(),
                               (per_head @ w_o.T).double(), atol=1e-4, rtol=1e-4),
                f"{what}: multiplying the heads' averaged latents by your matrix does not give the layer's output")
-    device = _other_device()  # the GPU where there is one, else the meta device: new tensors follow the inputs
+    device = other_device()  # the GPU where there is one, else the meta device: new tensors follow the inputs
     E, H, D, Dc = 10, 3, 6, 4
     _call_elsewhere(merge_value_into_output, randn(H * D, Dc, generator=generator).to(device),
                     randn(E, H * D, generator=generator).to(device), H, device=device, shape=(E, H * Dc),

@@ -14,16 +14,13 @@ and model sizes other than Qwen3-Next's in exercise 3 (numpy integers accepted).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from ..utils import get_device
-from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_sequence, expect_tensor,
-               rng)
-from ._core import _StudentCodeFailed
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_number,
+               expect_on_device, expect_sequence, expect_tensor, other_device, rng)
 
 __all__ = ["check_delta_rule_loop", "check_decay_matrix", "check_decoding_memory"]
 
@@ -32,66 +29,15 @@ __all__ = ["check_delta_rule_loop", "check_decay_matrix", "check_decoding_memory
 # Another device
 
 
-def _other_device() -> torch.device:
-    """The notebook's GPU where there is one (CUDA, then MPS), else PyTorch's "meta" device, which has shapes and
-    dtypes but no values. A tensor made without ``device=`` lives on the CPU, and meets the inputs there."""
-    device = get_device()
-    return device if device.type != "cpu" else torch.device("meta")
-
-
-def _meta_note(device: torch.device) -> str:
-    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
-            if device.type == "meta" else "")
-
-
-class _NoData(RuntimeError):
-    """NotImplementedError raised on the meta device ("Cannot copy out of meta tensor"): passed on as an error,
-    not taken for the scaffold's ``raise NotImplementedError``."""
-
-
 def _call_elsewhere(fn, *args, device: torch.device, what: str):
-    """``call(fn, *args)`` with ``args`` on ``device``; returns the result, or None when the meta device cannot
-    judge it (an answer that needs values: ``.item()``, an ``if`` on a tensor; the CPU cases judged it)."""
-    @functools.wraps(fn)
-    def answer(*a, **k):
-        try:
-            return fn(*a, **k)
-        except NotImplementedError as error:
-            if device.type == "meta":
-                raise _NoData(str(error)) from None
-            raise
-
-    try:
-        return call(answer, *args)
-    except _StudentCodeFailed as failed:
-        text = str(failed.error)
-        lowered = text.lower()
-        # "Cannot copy out of meta tensor" (_NoData) comes from .numpy(), .cpu() or .item(), which work on a GPU: the
-        # meta device cannot judge such an answer (the CPU cases did). A CPU tensor meeting the inputs is named.
-        if "numpy" in lowered and "device" in lowered:
-            raise Mismatch(f"{what}: your code raised {type(failed.error).__name__}: "
-                           f"{text.splitlines()[0] if text else ''}{_meta_note(device)}. numpy holds only CPU data: "
-                           "copy with .cpu() before .numpy(), and put the result back on the inputs' device") from None
-        if "device" in lowered and "cpu" in lowered and not isinstance(failed.error, _NoData):
-            kind = type(failed.error).__name__
-            raise Mismatch(f"{what}: your code raised {kind}: "
-                           f"{text.splitlines()[0] if text else ''}{_meta_note(device)}. It works only with CPU "
-                           "tensors: a tensor made without device= (torch.zeros, torch.ones, torch.eye, torch.tensor "
-                           "...) lives on the CPU, whatever the inputs: make new tensors on the inputs' device (device= "
-                           "from an input, or new_zeros, zeros_like)") from None
-        if device.type == "meta":
-            return None
-        raise
+    """:func:`call_elsewhere`; copying data out to numpy and back is a right answer here, so the meta device does
+    not judge it (the CPU cases did)."""
+    return call_elsewhere(fn, *args, device=device, what=what, made_by="torch.zeros, torch.ones, torch.eye, torch.tensor ...",
+                          copy_out_is_a_mistake=False)
 
 
 def _on_device(got, device: torch.device, what: str) -> torch.Tensor:
-    got = expect_tensor(got, what=what, dtype="float")
-    if got.device.type != device.type:
-        raise Mismatch(f"{what}: the inputs are on the {device.type} device{_meta_note(device)} but your result is on "
-                       f"{got.device}: a tensor made without device= (torch.zeros, torch.ones ...) lives on the CPU "
-                       "whatever the inputs; make new tensors on the inputs' device (device= from an input, or "
-                       "new_zeros, zeros_like)")
-    return got
+    return expect_on_device(got, device, what, dtype="float")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,7 +159,7 @@ def check_delta_rule_loop(delta_rule_loop) -> str:
         expect_close(output, want_output.to(dtype), what=f"the output of {what}")
         expect_close(state, want_state.to(dtype), what=f"the state of {what}")
     # Another device: the notebook's GPU, or the meta device (a state made without device= is named).
-    device = _other_device()
+    device = other_device()
     q, k, v, beta = _delta_inputs(generator, 2, 2, 5, 4, 3, torch.float32)
     shown = f"delta_rule_loop(q, k, v, beta) with q, k, v and beta on the {device.type} device"
     result = _call_elsewhere(delta_rule_loop, *(x.to(device) for x in (q, k, v, beta)), device=device, what=shown)
@@ -349,7 +295,7 @@ def check_decay_matrix(decay_matrix) -> str:
     expect_close(parallel, torch.stack(recurrent, dim=2), what="((Q K^T) * decay_matrix(gate)) V against the recurrence "
                  "S_t = gate_t S_{t-1} + k_t v_t^T")
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
-    device = _other_device()
+    device = other_device()
     gate = (0.3 + 0.7 * torch.rand(2, 5, generator=generator)).to(device)
     shown = f"decay_matrix(gate) with gate of shape (2, 5) on the {device.type} device"
     result = _call_elsewhere(decay_matrix, gate, device=device, what=shown)
