@@ -477,11 +477,18 @@ class _Provenance(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        try:
+            self._follow(func, args, kwargs, out)
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):  # a tensor without plain storage
+            pass
+        return out
+
+    def _follow(self, func, args, kwargs, out) -> None:
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.numel() > 0]
         labels = frozenset().union(*(self.labels.get(_storage_key(t), frozenset()) for t in inputs))
         name = func.overloadpacket.__name__
         if not labels or name in _DATALESS:
-            return out
+            return
         in_storages = {_storage_key(t) for t in inputs}
         kv = frozenset(label for label in labels if label != "queries")
         for t in (t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.numel() > 0):
@@ -503,7 +510,6 @@ class _Provenance(TorchDispatchMode):
                 self.flagged.add(key)  # a buffer written piece by piece until it holds a copy per query head
                 self.copies.append(KVCopy(self._of(key), self.outer.current, f"aten.{name}", tuple(t.shape), stored,
                                           sum(self.sizes[label] for label in self.labels[key])))
-        return out
 
 
 def kv_copies(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs):

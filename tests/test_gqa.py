@@ -293,3 +293,11 @@ def test_kv_copies_names_the_broadcasting_matmul_and_explicit_copies():
     _, copies = ac.gqa.kv_copies(indexed, q, k, v)
     assert [(c.function, c.op, c.shape) for c in copies] == [("Tensor.__getitem__", "aten.index", (B, H, L, D))]
     assert ac.gqa.kv_copies(folded, q, k, v)[1] == []
+
+
+def test_kv_copies_passes_over_tensors_without_plain_storage():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 4, 3, 2, generator=g), torch.randn(1, 2, 3, 2, generator=g), torch.randn(1, 2, 3, 2, generator=g)
+    result, copies = ac.gqa.kv_copies(lambda q, k, v: k.to_sparse().to_dense() + v, q, k, v)
+    torch.testing.assert_close(result, k + v)
+    assert copies == []
