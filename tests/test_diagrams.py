@@ -668,22 +668,3 @@ def test_positional_flow_shades_real_sin_cos_columns_of_the_encoding():
     assert len({cells[0, c] for c in range(0, 12, 2)}) == 1 and len({cells[0, c] for c in range(1, 12, 2)}) == 1
     assert sum(cells[0, 0]) > sum(cells[0, 1])  # sin 0 = 0 (mid) is lighter than cos 0 = 1 (dark)
     assert "light (−1) to dark (+1)" in dg.positional_flow(L=5, E=16).attn_alt
-
-
-def test_positional_flow_shades_real_sin_cos_columns_of_the_encoding():
-    # Chapter 06 (E = 16, 12 columns drawn): whole (sin, cos) pairs, fastest to slowest, each cell shaded by the
-    # value of the package's encoding at a real position and column (row 0: sin 0 = 0, cos 0 = 1, alternating).
-    import attn_course as ac
-
-    cells = dg._wave_cells(5, 16, "sinusoidal")
-    pe = ac.sinusoidal_positional_encoding(5, 16, dtype=torch.float64)
-    columns = [j for i in (0, 1, 3, 4, 6, 7) for j in (2 * i, 2 * i + 1)]  # 6 of the 8 pairs, spread evenly
-    assert cells.shape == (5, 12)
-    drawn = [(float(pe[r, j]), sum(cells[r, c])) for r in range(5) for c, j in enumerate(columns)]
-    drawn.sort()
-    # one scale: a larger value is never lighter (the sum of the colour's channels never grows)
-    assert all(a[1] >= b[1] - 1e-9 for a, b in zip(drawn, drawn[1:]))
-    assert drawn[0][1] > drawn[-1][1] + 0.5  # light for -1, dark for +1
-    assert len({cells[0, c] for c in range(0, 12, 2)}) == 1 and len({cells[0, c] for c in range(1, 12, 2)}) == 1
-    assert sum(cells[0, 0]) > sum(cells[0, 1])  # sin 0 = 0 (mid) is lighter than cos 0 = 1 (dark)
-    assert "light (−1) to dark (+1)" in dg.positional_flow(L=5, E=16).attn_alt
