@@ -853,3 +853,14 @@ def test_call_elsewhere_names_tensors_made_on_the_cpu():
     with pytest.raises(ex.NotAttempted):
         ex.call_elsewhere(lambda t: ..., x, device=meta, what=what)
     assert ex.other_device().type in ("meta", "cuda", "mps")
+
+
+def test_expect_close_shows_the_digits_where_two_numbers_differ():
+    with pytest.raises(ex.Mismatch, match=r"expected 2\.0000, got 3\.0000"):
+        ex.expect_close(torch.tensor([3.0]), torch.tensor([2.0]), what="x")
+    with pytest.raises(ex.Mismatch) as raised:
+        ex.expect_close(torch.tensor([0.0045013], dtype=torch.float64), torch.tensor([0.0044812], dtype=torch.float64), what="x")
+    assert "expected 0.004481, got 0.004501" in str(raised.value)
+    with pytest.raises(ex.Mismatch) as raised:  # tiny values: decimals would print 0.0000 twice
+        ex.expect_close(torch.tensor([2e-5], dtype=torch.float64), torch.tensor([1e-5], dtype=torch.float64), what="x")
+    assert "expected 1e-05, got 2e-05" in str(raised.value)

@@ -484,8 +484,21 @@ def expect_close(got: Any, expected: torch.Tensor, *, what: str, atol: float | N
         index = tuple(int(i) for i in (~close).nonzero()[0])
         raise Mismatch(
             f"{what}: {int((~close).sum())} of {close.numel()} values differ; first at index {index}: "
-            f"expected {float(want[index]):.4f}, got {float(got[index]):.4f}"
+            f"{_two_numbers(float(want[index]), float(got[index]))}"
         )
+
+
+def _two_numbers(expected: float, got: float) -> str:
+    """'expected 2.0000, got 3.0000'; with more significant digits where four decimals would print the two
+    alike ('expected 0.0045, got 0.0045' says nothing: 'expected 0.004481, got 0.004501')."""
+    shown = f"expected {expected:.4f}, got {got:.4f}"
+    if f"{expected:.4f}" != f"{got:.4f}" or expected == got:
+        return shown
+    for digits in range(4, 18):
+        a, b = f"{expected:.{digits}g}", f"{got:.{digits}g}"
+        if a != b:
+            return f"expected {a}, got {b}"
+    return shown
 
 
 def _plain(value: Any) -> Any:
