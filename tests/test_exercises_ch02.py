@@ -38,8 +38,12 @@ def softmax_right(s):
     return e / e.sum(dim=-1, keepdim=True)
 
 
-def softmax_logsumexp(s):  # another correct formulation
+def softmax_logsumexp(s):  # log_softmax(s).exp() written out: logsumexp subtracts the maximum for the student
     return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True))
+
+
+def softmax_logsumexp_method(s):  # the same through the Tensor method
+    return (s - s.logsumexp(-1, keepdim=True)).exp()
 
 
 def softmax_amax(s):  # and another
@@ -605,10 +609,81 @@ def shuffled_recompute_exp(context, weights, order):  # the same with a softmax 
     w = e / e.sum(-1, keepdim=True)
     return w @ xs, w
 
+def without_self_upcast(x):  # computes in float32 whatever the input: float16 in, float32 out
+    return without_self_right(x.float())
+
+
+def without_self_upcast64(x):  # the same in float64
+    return without_self_right(x.double())
+
+
+def without_self_half_weights_only(x):  # context in float32, weights cast back to the input's dtype
+    context, w = without_self_right(x.float())
+    return context, w.to(x.dtype)
+
+
+def without_self_scaled_penalty(x):  # a finite penalty scaled to the scores: exp(-100) is a denormal, not 0
+    scores = x @ x.transpose(-2, -1)
+    w = torch.softmax(scores - _itself(x).to(x.dtype) * (4 * scores.detach().abs().amax() + 100), dim=-1)
+    return w @ x, w
+
+
+def without_self_naive_softmax(x):  # masked with -inf, then the naive softmax of section 4 (no maximum subtracted)
+    e = torch.exp((x @ x.transpose(-2, -1)).masked_fill(_itself(x), float("-inf")))
+    w = e / e.sum(-1, keepdim=True)
+    return w @ x, w
+
+
+def without_self_own_stable_softmax(x):  # another correct formulation: a masked softmax written out
+    masked = (x @ x.transpose(-2, -1)).masked_fill(_itself(x), float("-inf"))
+    e = torch.exp(masked - masked.amax(-1, keepdim=True))
+    w = e / e.sum(-1, keepdim=True)
+    return w @ x, w
+
+
+def cosine_naive_softmax(x, temperature):  # the naive softmax of section 4: exp(100) overflows at tau = 0.01
+    unit = x / x.norm(dim=-1, keepdim=True)
+    e = torch.exp(unit @ unit.transpose(-2, -1) / temperature)
+    w = e / e.sum(-1, keepdim=True)
+    return w @ x, w
+
+
+def cosine_own_stable_softmax(x, temperature):  # another correct formulation: the stable softmax of exercise 1
+    unit = x / x.norm(dim=-1, keepdim=True)
+    s = unit @ unit.transpose(-2, -1) / temperature
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    w = e / e.sum(-1, keepdim=True)
+    return w @ x, w
+
+
+def cosine_from_gram(x, temperature):  # another: norms from the diagonal of x x^T
+    gram = x @ x.transpose(-2, -1)
+    norms = gram.diagonal(dim1=-2, dim2=-1).sqrt()
+    w = torch.softmax(gram / (norms[..., :, None] * norms[..., None, :]) / temperature, dim=-1)
+    return w @ x, w
+
+
+def _shuffled_recompute_with(exponential):
+    def shuffled_recompute_other_exp(context, weights, order):  # recompute x, then a softmax with another exponential
+        x = torch.linalg.solve(weights.double(), context.double()).float()
+        xs = x[torch.as_tensor(order, dtype=torch.long)]
+        s = xs @ xs.T
+        e = exponential(s - s.amax(-1, keepdim=True))
+        w = e / e.sum(-1, keepdim=True)
+        return w @ xs, w
+    return shuffled_recompute_other_exp
+
+
+shuffled_recompute_exp2 = _shuffled_recompute_with(lambda s: torch.exp2(s * 1.4426950408889634))
+shuffled_recompute_pow = _shuffled_recompute_with(lambda s: torch.pow(torch.e, s))
+shuffled_recompute_rpow = _shuffled_recompute_with(lambda s: torch.e ** s)
+shuffled_recompute_expm1 = _shuffled_recompute_with(lambda s: torch.expm1(s) + 1)
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_stable_softmax, softmax_right, "correct", "any shape"),
-    (check_stable_softmax, softmax_logsumexp, "correct", "any shape"),
+    (check_stable_softmax, softmax_logsumexp, "incorrect", "you called torch.logsumexp: it subtracts each row's maximum"),
+    (check_stable_softmax, softmax_logsumexp_method, "incorrect", "you called Tensor.logsumexp"),
     (check_stable_softmax, softmax_amax, "correct", "any shape"),
     (check_stable_softmax, softmax_naive, "incorrect", "overflows"),
     (check_stable_softmax, softmax_global_max, "incorrect", "one maximum for the whole tensor"),
@@ -689,6 +764,12 @@ CASES = [
     (check_attention_without_self, without_self_finfo, "correct", "no token attends to itself"),
     (check_attention_without_self, without_self_where, "correct", "no token attends to itself"),
     (check_attention_without_self, without_self_positions, "correct", "no token attends to itself"),
+    (check_attention_without_self, without_self_own_stable_softmax, "correct", "no token attends to itself"),
+    (check_attention_without_self, without_self_upcast, "incorrect", "your weights are torch.float32, not float16"),
+    (check_attention_without_self, without_self_upcast64, "incorrect", "your weights are torch.float64, not float16"),
+    (check_attention_without_self, without_self_half_weights_only, "incorrect", "your context is torch.float32, not float16"),
+    (check_attention_without_self, without_self_scaled_penalty, "incorrect", "only minus infinity"),
+    (check_attention_without_self, without_self_naive_softmax, "incorrect", "the naive softmax of section 4"),
     (check_cosine_self_attention, cosine_right, "correct", "directions"),
     (check_cosine_self_attention, cosine_normalize, "correct", "directions"),
     (check_cosine_self_attention, cosine_similarity_fn, "correct", "directions"),
@@ -702,6 +783,9 @@ CASES = [
     (check_cosine_self_attention, cosine_squared_norm, "incorrect", "values differ"),
     (check_cosine_self_attention, cosine_loose_epsilon, "incorrect", "values differ"),
     (check_cosine_self_attention, cosine_normalises_in_place, "incorrect", "changed its input `x` in place"),
+    (check_cosine_self_attention, cosine_naive_softmax, "incorrect", "exp(100) overflows float32"),
+    (check_cosine_self_attention, cosine_own_stable_softmax, "correct", "directions"),
+    (check_cosine_self_attention, cosine_from_gram, "correct", "directions"),
     (check_shuffled_attention, shuffled_right, "correct", "does not see word order"),
     (check_shuffled_attention, shuffled_permutation_matrix, "correct", "does not see word order"),
     (check_shuffled_attention, shuffled_index_select, "correct", "does not see word order"),
@@ -718,6 +802,10 @@ CASES = [
     (check_shuffled_attention, shuffled_recompute, "incorrect", "you called torch.softmax: this exercise asks you to "
                                                                 "move the numbers you are given"),
     (check_shuffled_attention, shuffled_recompute_exp, "incorrect", "without computing attention again"),
+    (check_shuffled_attention, shuffled_recompute_exp2, "incorrect", "you called torch.exp2"),
+    (check_shuffled_attention, shuffled_recompute_pow, "incorrect", "you called torch.pow"),
+    (check_shuffled_attention, shuffled_recompute_rpow, "incorrect", "without computing attention again"),
+    (check_shuffled_attention, shuffled_recompute_expm1, "incorrect", "you called torch.expm1"),
 ]
 
 

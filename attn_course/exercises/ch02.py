@@ -3,15 +3,18 @@
 Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and
 names the mistake when it recognises one; the table of those mistakes is in
 tests/test_exercises_ch02.py. They use the shared mechanism of ``attn_course.exercises``: library
-softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``, and the routes that hide a
-softmax inside: torch's attention, ``cross_entropy``), the package's and torch's attention in exercise 2,
-a softmax (or ``exp``) in exercise 5, which moves numbers instead of computing them again; inputs
-watched for changes in place, sizes unlike the notebook's (``other_sizes``) and scores near +-100 in
-float32 (``large_scores``); in exercise 2, a Python loop over the batch (the number of torch calls must
-not grow with the batch); in exercise 3, a diagonal that is exactly 0 also where finite fills lose
-(scores near -100 and near -1e32), a repeated word, float16, and one more case on another device
-(:func:`attn_course.exercises.other_device`: the GPU, else PyTorch's meta device); in exercise 5, orders given as a tensor,
-a list or a numpy array of integers.
+softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``, the routes that hide a
+softmax inside: torch's attention, ``cross_entropy``, and ``logsumexp``, which subtracts the maximum
+for the student), the package's and torch's attention in exercise 2, a softmax or an exponential
+(``exp``, ``exp2``, ``expm1``, a power) in exercise 5, which moves numbers instead of computing them
+again; inputs watched for changes in place, sizes unlike the notebook's (``other_sizes``) and scores
+near +-100 in float32 (``large_scores``; in exercise 4, a temperature of 0.01: scores up to 100); in
+exercise 2, a Python loop over the batch (the number of torch calls must not grow with the batch); in
+exercise 3, a diagonal that is exactly 0 also where finite fills lose (scores near -100 and near
+-1e32, and tiny scores near 1e-6), scores above 88 (where a softmax without the maximum overflows), a
+repeated word, float16 in and float16 out, and one more case on another device
+(:func:`attn_course.exercises.other_device`: the GPU, else PyTorch's meta device); in exercise 5,
+orders given as a tensor, a list or a numpy array of integers.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ def _pair(result, what: str):
 
 
 _HIDDEN_SOFTMAX = "it computes a softmax inside, and this exercise asks you to write the softmax yourself"
+_LOGSUMEXP = ("it subtracts each row's maximum for you (exp(s - logsumexp(s)) is log_softmax(s).exp() written out), "
+              "and this exercise asks you to write that step yourself: subtract each row's own maximum")
 
 
 @exercise(
@@ -61,7 +66,7 @@ _HIDDEN_SOFTMAX = "it computes a softmax inside, and this exercise asks you to w
 )
 def check_stable_softmax(stable_softmax) -> str:
     def run(scores: torch.Tensor, what: str) -> torch.Tensor:
-        with forbidden("sdpa", F.cross_entropy, reason=_HIDDEN_SOFTMAX):
+        with forbidden("sdpa", F.cross_entropy, reason=_HIDDEN_SOFTMAX), forbidden(torch.logsumexp, reason=_LOGSUMEXP):
             got = expect_tensor(call(stable_softmax, scores), what=what, shape=scores.shape, dtype="float")
         want = torch.softmax(scores, dim=-1)
         flat = got.detach().double()
@@ -239,6 +244,18 @@ def _diagnose_without_self(weights, x: torch.Tensor, what: str) -> None:
     if bool(torch.isnan(w).any()):
         renormalised = torch.softmax(x @ x.transpose(-2, -1), dim=-1) * off_diagonal  # in the input's dtype
         renormalised = renormalised / renormalised.sum(-1, keepdim=True)
+        exponentials = torch.exp((x @ x.transpose(-2, -1)).masked_fill(eye, float("-inf")))  # no maximum subtracted
+        naive = exponentials / exponentials.sum(-1, keepdim=True)
+        if torch.equal(torch.isnan(w), torch.isnan(naive)):
+            rows = sorted({int(i) for i in torch.isnan(w).nonzero()[:, 0]})
+            also = (" (Or you zeroed the diagonal after the softmax and divided by what was left, which gives the "
+                    "same 0 / 0 here: mask the score before the softmax.)"
+                    if torch.equal(torch.isnan(w), torch.isnan(renormalised)) else "")
+            raise Mismatch(f"{what}: rows {rows} are NaN. Your softmax exponentiates the masked scores without "
+                           "subtracting each row's maximum (the naive softmax of section 4): in float32 exp overflows "
+                           "to inf above a score of about 88, and rounds to 0 below about -103, so a row became "
+                           "inf / inf or 0 / 0. Apply torch.softmax to the masked scores (it subtracts the maximum "
+                           f"of what is left), or subtract the row maximum of the masked scores yourself.{also}")
         if torch.equal(torch.isnan(w), torch.isnan(renormalised)):
             rows = sorted({int(i) for i in torch.isnan(w).nonzero()[:, 0]})
             raise Mismatch(f"{what}: rows {rows} are NaN. You zeroed the diagonal after the softmax and divided by "
@@ -348,10 +365,33 @@ def check_attention_without_self(attention_without_self) -> str:
                            "masked_fill with a boolean mask") from None
         raise
     got_weights = expect_tensor(got[1], what=what, shape=(4, 4), dtype="float")
+    for item, name in ((got_weights, "weights"), (got[0], "context")):
+        if isinstance(item, torch.Tensor) and item.dtype != torch.float16:
+            raise Mismatch(f"for x in float16 your {name} {'are' if name == 'weights' else 'is'} {item.dtype}, not float16: you converted x, the scores "
+                           "or the weights to another dtype. The exercise asks for attention in float16 (half in, "
+                           "half out): compute in the input's dtype, and fill with float('-inf'), which float16 has")
     _diagnose_without_self(got_weights, half, what)
     expected_context, expected_weights = _without_self(half.double())
     expect_close(got_weights, expected_weights, what=what)
     expect_close(got[0], expected_context, what="context for x of shape (T=4, E=3) in float16")
+    # Tiny vectors (scores near 1e-6): a finite penalty scaled to the scores leaves the diagonal a tiny weight, not 0.
+    tiny = randn(4, 3, generator=generator, scale=1e-3)
+    what = "weights for tiny vectors x of shape (T=4, E=3), entries near 0.001 (scores near 1e-6)"
+    got = _pair(call(attention_without_self, tiny), "attention_without_self(x) for tiny vectors x")
+    _diagnose_without_self(expect_tensor(got[1], what=what, shape=(4, 4)), tiny, what)
+    expected_context, expected_weights = _without_self(tiny)
+    expect_close(got[1], expected_weights, what=what)
+    expect_close(got[0], expected_context, what="context for tiny vectors x of shape (T=4, E=3)")
+    # Two tokens pointing the same way, long (scores 100 to 121): exp of a score above 88 overflows float32, so a
+    # softmax written without subtracting the maximum gives inf / inf.
+    same_way = torch.tensor([[11.0, 0.0], [10.0, 0.0]])
+    what = "weights for two long tokens pointing the same way, [11, 0] and [10, 0] (scores 100 to 121)"
+    got = _pair(call(attention_without_self, same_way), f"attention_without_self(x) for x = {same_way.tolist()}")
+    _diagnose_without_self(expect_tensor(got[1], what=what, shape=(2, 2)), same_way, what)
+    expected_context, expected_weights = _without_self(same_way)
+    expect_close(got[1], expected_weights, what=what)
+    expect_close(got[0], expected_context, what="context for two long tokens pointing the same way (each token must "
+                                                "copy the other one)")
     # Two tokens pointing apart (scores +-121, then +-1e32): each must attend fully to the other, however low their
     # score with it. A finite fill (-100, -1e9) loses to a lower score; zeroing after the softmax divides 0 by 0.
     for length, shown in ((11.0, "±121"), (1e16, "±1e32")):
@@ -459,6 +499,18 @@ def check_cosine_self_attention(cosine_self_attention) -> str:
     expected_context, expected_weights = _cosine(batch, 0.1)
     expect_close(got[1], expected_weights, what="weights for a batch x of shape (B=2, T=5, E=3) at temperature 0.1")
     expect_close(got[0], expected_context, what="context for a batch x of shape (B=2, T=5, E=3) at temperature 0.1")
+    # A low temperature, 0.01: the scores reach 1 / 0.01 = 100, where exp overflows float32 (above about 88.7).
+    cold = torch.rand(4, 3, generator=generator) + 0.1
+    what = "weights for x of shape (T=4, E=3) at temperature 0.01 (scores up to 100)"
+    got = _pair(call(cosine_self_attention, cold, 0.01), "cosine_self_attention(x, 0.01)")
+    got_weights = expect_tensor(got[1], what=what, shape=(4, 4))
+    if not bool(torch.isfinite(got_weights.detach()).all()):
+        raise Mismatch(f"{what}: your weights contain inf or NaN. A cosine of 1 divided by 0.01 is a score of 100, and "
+                       "exp(100) overflows float32 (above exp(88.7)), so a softmax written as exp(s) / exp(s).sum() "
+                       "gives inf / inf: use torch.softmax, which subtracts each row's maximum first")
+    expected_context, expected_weights = _cosine(cold.double(), 0.01)
+    expect_close(got_weights, expected_weights, what=what)
+    expect_close(got[0], expected_context, what="context for x of shape (T=4, E=3) at temperature 0.01")
     # Other batches, lengths and widths, at a temperature above 1.
     for size in other_sizes(same_length=True):
         other = randn(size.B, size.T, size.E, generator=generator)
@@ -477,8 +529,9 @@ def _shuffled(x: torch.Tensor, order: torch.Tensor):
 
 def _moved(shuffled_attention, context, weights, order, *, what: str) -> tuple:
     """The student's (context, weights), with no softmax or exp allowed: the exercise moves numbers."""
-    with forbidden("softmax", torch.exp, reason="this exercise asks you to move the numbers you are given, without "
-                                                "computing attention again"):
+    with forbidden("softmax", torch.exp, torch.exp2, torch.expm1, torch.pow, torch.float_power, torch.Tensor.__rpow__,
+                   reason="this exercise asks you to move the numbers you are given, without computing attention "
+                          "again"):
         return _pair(call(shuffled_attention, context, weights, order), what)
 
 
