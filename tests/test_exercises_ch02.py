@@ -609,6 +609,23 @@ def shuffled_recompute_exp(context, weights, order):  # the same with a softmax 
     w = e / e.sum(-1, keepdim=True)
     return w @ xs, w
 
+def batched_numpy_loop(x):  # the loop moved to numpy, where the count of torch calls does not see it
+    import numpy as np
+    weights = []
+    for xi in x.detach().numpy():
+        s = xi @ xi.T
+        e = np.exp(s - s.max(-1, keepdims=True))
+        weights.append(e / e.sum(-1, keepdims=True))
+    w = torch.from_numpy(np.stack(weights))
+    return w @ x, w
+
+
+def batched_list_loop(x):  # the same loop over Python lists
+    rows = x.tolist()
+    w = torch.stack([torch.softmax(torch.tensor(r) @ torch.tensor(r).T, dim=-1) for r in rows])
+    return w @ x, w
+
+
 def without_self_upcast(x):  # computes in float32 whatever the input: float16 in, float32 out
     return without_self_right(x.float())
 
@@ -738,6 +755,8 @@ CASES = [
     (check_batched_self_attention, batched_unbind_loop, "incorrect", "a Python loop over the batch"),
     (check_batched_self_attention, batched_vmap, "correct", "every sequence"),
     (check_batched_self_attention, batched_mT, "correct", "every sequence"),
+    (check_batched_self_attention, batched_numpy_loop, "incorrect", "you called Tensor.numpy"),
+    (check_batched_self_attention, batched_list_loop, "incorrect", "you called Tensor.tolist"),
     (check_attention_without_self, without_self_right, "correct", "no token attends to itself"),
     (check_attention_without_self, without_self_renormalised, "incorrect", "0 / 0"),
     (check_attention_without_self, without_self_renormalised_float_eye, "incorrect", "without dtype="),

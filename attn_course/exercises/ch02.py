@@ -9,7 +9,8 @@ for the student), the package's and torch's attention in exercise 2, a softmax o
 (``exp``, ``exp2``, ``expm1``, a power) in exercise 5, which moves numbers instead of computing them
 again; inputs watched for changes in place, sizes unlike the notebook's (``other_sizes``) and scores
 near +-100 in float32 (``large_scores``; in exercise 4, a temperature of 0.01: scores up to 100); in
-exercise 2, a Python loop over the batch (the number of torch calls must not grow with the batch); in
+exercise 2, a Python loop over the batch (the number of torch calls must not grow with the batch; numpy
+and Python lists, where such a loop would not be counted, are refused); in
 exercise 3, a diagonal that is exactly 0 also where finite fills lose (scores near -100 and near
 -1e32, and tiny scores near 1e-6), scores above 88 (where a softmax without the maximum overflows), a
 repeated word, float16 in and float16 out, and one more case on another device
@@ -163,7 +164,8 @@ def check_batched_self_attention(batched_self_attention) -> str:
     x = randn(B, T, E, generator=generator)
     x[1] *= 2.0  # the two sequences differ in scale, so that weights that mix the batch show
     what = "weights for x of shape (B=2, T=4, E=3)"
-    context, weights = _pair(call(batched_self_attention, x), "batched_self_attention(x)")
+    with _without_numpy():
+        context, weights = _pair(call(batched_self_attention, x), "batched_self_attention(x)")
     expected_context, expected_weights = simple_self_attention(x)
     if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, T, E) and \
             isinstance(context, torch.Tensor) and tuple(context.shape) == (B, T, T):
@@ -184,7 +186,8 @@ def check_batched_self_attention(batched_self_attention) -> str:
     for size in other_sizes(same_length=True):
         other = randn(size.B, size.T, size.E, generator=generator)
         shape = f"(B={size.B}, T={size.T}, E={size.E})"
-        got = _pair(call(batched_self_attention, other), f"batched_self_attention(x) for x of shape {shape}")
+        with _without_numpy():
+            got = _pair(call(batched_self_attention, other), f"batched_self_attention(x) for x of shape {shape}")
         expected_context, expected_weights = simple_self_attention(other)
         expect_close(got[1], expected_weights, what=f"weights for x of shape {shape}")
         expect_close(got[0], expected_context, what=f"context for x of shape {shape}")
@@ -196,6 +199,13 @@ def check_batched_self_attention(batched_self_attention) -> str:
                        "products (@, torch.matmul) and the softmax work on every sequence of a (B, T, E) tensor at "
                        "once")
     return "both the weights (B, T, T) and the context vectors (B, T, E) are right for every sequence in the batch."
+
+
+def _without_numpy() -> forbidden:
+    """Exercise 2 asks for torch's batched products: a loop in numpy would hide from the count of torch calls."""
+    return forbidden(torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist,
+                     reason="this exercise asks for torch's matrix products on the whole (B, T, E) tensor; leaving torch "
+                            "for numpy or Python lists hides a loop over the batch")
 
 
 class _CountCalls(TorchFunctionMode):
