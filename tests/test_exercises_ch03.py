@@ -306,7 +306,8 @@ def test_softmax_jacobian_mechanism_classes(answer, text):
 
 def test_softmax_jacobian_written_differently_passes():
     for answer in (
-        lambda p: (torch.diag(p) - torch.outer(p, p)).numpy(),                            # a numpy array
+        lambda p: (torch.diag(p) - torch.outer(p, p)).cpu().numpy(),                      # a numpy array
+        lambda p: torch.eye(len(p), dtype=p.dtype, device=p.device) * p - torch.outer(p, p),  # eye on p's device
         lambda p: p.diag() - p[:, None] * p[None, :],                                     # broadcasting
         lambda p: torch.diag(p) - torch.outer(p, p).T,                                    # symmetric anyway
     ):
@@ -374,6 +375,51 @@ def _jacobian_by_backward(p):  # autograd row by row, through a hand-written sof
     return torch.stack(rows)
 
 
+def _jacobian_by_forward_mode(p):  # one column per tangent, through a hand-written softmax
+    columns = []
+    with torch.autograd.forward_ad.dual_level():
+        for j in range(len(p)):
+            dual = torch.autograd.forward_ad.make_dual(p.log(), torch.eye(len(p), dtype=p.dtype)[j])
+            columns.append(torch.autograd.forward_ad.unpack_dual(_hand_softmax(dual)).tangent)
+    return torch.stack(columns, dim=1)
+
+
+def _jacobian_by_forward_mode_from_p(p):  # forward mode without any log or exp: the tangent of p itself
+    columns = []
+    with torch.autograd.forward_ad.dual_level():
+        for j in range(len(p)):
+            dual = torch.autograd.forward_ad.make_dual(p.clone(), torch.eye(len(p), dtype=p.dtype)[j])
+            columns.append(torch.autograd.forward_ad.unpack_dual(dual * 1).tangent * p[j])
+    return torch.stack(columns, dim=1) - torch.outer(p, p)
+
+
+def _jacobian_by_linearize(p):
+    _, tangent = torch.func.linearize(lambda s: s.exp() / s.exp().sum(), p.log())
+    return torch.stack([tangent(e) for e in torch.eye(len(p), dtype=p.dtype)], dim=1)
+
+
+def _jacobian_by_finite_differences(p, h=1e-6):  # central differences in float64, through a hand-written softmax
+    s = p.double().log()
+    columns = [(_hand_softmax(s + h * e) - _hand_softmax(s - h * e)) / (2 * h) for e in torch.eye(len(p), dtype=torch.float64)]
+    return torch.stack(columns, dim=1).to(p.dtype)
+
+
+def _jacobian_by_finite_differences_in_math(p, h=1e-6):  # the same with the math module, on Python floats
+    s = [math.log(x) for x in p.tolist()]
+
+    def softmax(z):
+        e = [math.exp(x - max(z)) for x in z]
+        return [x / sum(e) for x in e]
+
+    columns = []
+    for j in range(len(s)):
+        up, down = list(s), list(s)
+        up[j] += h
+        down[j] -= h
+        columns.append([(a - b) / (2 * h) for a, b in zip(softmax(up), softmax(down))])
+    return torch.tensor(columns, dtype=p.dtype).T
+
+
 @pytest.mark.parametrize(
     "answer, text",
     [
@@ -389,6 +435,17 @@ def _jacobian_by_backward(p):  # autograd row by row, through a hand-written sof
         (lambda p: torch.diag(p) + torch.outer(p, p), "values differ"),
         (lambda p: (lambda q: torch.diag(q) - torch.outer(q, q))(p.clamp(min=1e-3)), "values differ"),
         (lambda p: torch.diag(p) - torch.outer(p, p) / p.sum() * (1 + 1e-4), "close to the Jacobian"),
+        # The second review: autograd's forward mode, torch.func.linearize and finite differences (accepted), and a
+        # Jacobian built on the CPU whatever p's device (accepted: no case ran elsewhere).
+        (_jacobian_by_forward_mode, "derive the Jacobian by hand"),
+        (_jacobian_by_forward_mode_from_p, "derive the Jacobian by hand"),
+        (_jacobian_by_linearize, "derive the Jacobian by hand"),
+        (lambda p: torch.autograd.functional.jvp(_hand_softmax, p.log(), p)[1], "derive the Jacobian by hand"),
+        (_jacobian_by_finite_differences, "is not a derivation"),
+        (_jacobian_by_finite_differences_in_math, "is not a derivation"),
+        (lambda p: torch.eye(len(p)) * p - torch.outer(p, p), "works only with CPU tensors"),
+        (lambda p: torch.eye(len(p), dtype=p.dtype) * p - torch.outer(p, p), "works only with CPU tensors"),
+        (lambda p: torch.from_numpy(torch.diag(p).numpy() - torch.outer(p, p).numpy()), "numpy holds only CPU data"),
     ],
 )
 def test_softmax_jacobian_review_wrong_answers(answer, text):
@@ -420,14 +477,15 @@ def test_softmax_jacobian_tiny_entries_are_shown_with_significant_digits():
 def test_softmax_jacobian_review_right_answers_pass():
     import numpy as np
     for answer in (
-        lambda p: np.diag(p.numpy()) - np.outer(p.numpy(), p.numpy()),
+        lambda p: np.diag(p.cpu().numpy()) - np.outer(p.cpu().numpy(), p.cpu().numpy()),
         lambda p: (torch.diag(p) - torch.outer(p, p)).tolist(),
         lambda p: [[float(p[i]) * ((i == j) - float(p[j])) for j in range(len(p))] for i in range(len(p))],
         lambda p: torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2),
-        lambda p: p[:, None] * (torch.eye(len(p), dtype=p.dtype) - p[None, :]),
+        lambda p: p[:, None] * (torch.eye(len(p), dtype=p.dtype, device=p.device) - p[None, :]),
         lambda p: torch.diag(p) - torch.outer(p, p) / p.sum(),
     ):
-        assert check_softmax_jacobian(answer).status == "correct"
+        feedback = check_softmax_jacobian(answer)
+        assert feedback.status == "correct", str(feedback)
 
 
 class SharedQueryKey(Module):
@@ -512,6 +570,20 @@ def test_self_attention_module_fresh_weights_are_caught():
     assert feedback.status == "incorrect", str(feedback)
 
 
+class ZeroQueries(Module):
+    """W_query set to zeros (the second review: blamed on .detach()): constant scores, no gradient for W_key."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__(d_in, d_k, d_v)
+        nn.init.zeros_(self.W_query.weight)
+
+
+def test_self_attention_module_zero_queries_are_named():
+    feedback = check_self_attention_module(ZeroQueries)
+    assert feedback.status == "incorrect" and "W_query.weight is all zeros" in feedback.message, str(feedback)
+    assert "detach" not in feedback.message
+
+
 def test_self_attention_by_hand_half_results_are_named():
     half = lambda x, q, k, v: tuple(t.half() for t in by_hand(x, q, k, v))
     feedback = check_self_attention_by_hand(half)
@@ -546,6 +618,9 @@ def test_score_std_right_answers_pass():
         (lambda m, d, q, k: math.sqrt(d) * m * q ** 2 * k ** 2, "to the first power"),
         (lambda m, d, q, k: math.sqrt(m) * d * q * k, "swapped d_model and d_k"),
         (lambda m, d, q, k: m * q * k, "after the division by √d_k"),
+        # The second review: σ_Q = σ_K assumed was named "after the division by √d_k" (the two agree at one case).
+        (lambda m, d, q, k: math.sqrt(d) * m * q ** 2, "as if σ_K = σ_Q"),
+        (lambda m, d, q, k: math.sqrt(d) * m * k ** 2, "as if σ_Q = σ_K"),
         (lambda m, d, q, k: math.sqrt(d) * m * math.sqrt(q ** 2 + k ** 2), "do not add"),
         (lambda m, d, q, k: math.sqrt(d) * m * (q + k), "do not add"),
         (lambda m, d, q, k: score_std(m, d, q, k) * 1.03, "within 10% of the exact value"),

@@ -55,9 +55,6 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 # (rule, chapter stem) -> why the chapter fails it today. Strict xfail: delete the entry once fixed.
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
-        "03_scaled_dot_product_attention": "executed on a busy shared machine (129 s recorded at a load of 6 to 8 on 2 "
-                                           "cores; 49 s on one thread in the second pass), about 40 s stated for an idle "
-                                           "2-core CPU: the lead re-executes it on a quiet one",
         "04_causal_attention": "executed on a busy shared machine (56 s recorded; 30 s on one thread in the second "
                                "pass), about 30 s stated for an idle 2-core CPU: the lead re-executes it on a quiet one",
         "05_multi_head_attention": "executed on a busy shared machine (104.5 s recorded at a load of 6 to 7 on 2 "
@@ -80,8 +77,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
                                "re-executes it on a quiet one",
     },
     "prose_run_time": {
-        "03_scaled_dot_product_attention": "the header's 'about 40 s' against the busy machine's 129 s record (see "
-                                           "header_run_time)",
         "04_causal_attention": "the header's 'about 30 s' against the busy machine's 56 s record (see header_run_time)",
         "05_multi_head_attention": "the header's 'about 60 s' against the busy machine's 104.5 s record (see "
                                    "header_run_time)",

@@ -2,11 +2,13 @@
 
 Each check tries the answer on the notebook's sizes and then on sizes unlike them (``other_sizes``:
 batch 1 and 3, one token, odd widths) and on scores near 100, names the usual mistakes (no scale, the
-wrong width under the root, the softmax over the wrong axis, ``K Qᵀ``, ``keys.T`` on a batch, one layer
-shared by W_Q and W_K, a variance where a standard deviation is asked) before comparing values, and uses
+wrong width under the root, the softmax over the wrong axis, ``K Qᵀ``, one layer shared by W_Q and W_K, a
+variance where a standard deviation is asked, σ_Q = σ_K assumed) before comparing values, and uses
 the shared mechanism of ``attn_course.exercises``: torch's and the package's attention forbidden in
-exercise 1, the softmax and autograd in exercise 2, inputs watched for changes in place, results' dtype
-and device. The table of wrong answers is in tests/test_exercises_ch03.py.
+exercise 1, the softmax, autograd (backward and forward mode) and the exponential and logarithm that
+finite differences need in exercise 2 (which also runs once on another device), inputs watched for
+changes in place, results' dtype and device. ``keys.T`` on a batch fails with PyTorch's own error, and
+exercise 3's hint names the fix. The table of wrong answers is in tests/test_exercises_ch03.py.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import torch
 from torch import nn
 
 from ..scaled import scaled_dot_product_attention
-from . import (Mismatch, NotAttempted, call, exercise, expect, expect_close, expect_number, expect_sequence,
-               expect_tensor, forbidden, other_sizes, randn, rng)
+from . import (Mismatch, NotAttempted, call, call_elsewhere, exercise, expect, expect_close, expect_number,
+               expect_on_device, expect_sequence, expect_tensor, forbidden, other_device, other_sizes, randn, rng)
 
 __all__ = ["check_self_attention_by_hand", "check_softmax_jacobian", "check_self_attention_module", "check_score_std"]
 
@@ -134,9 +136,18 @@ def check_self_attention_by_hand(self_attention_by_hand) -> str:
 
 
 _DERIVE = "this exercise asks you to derive the Jacobian by hand, not to let autograd compute it"
-_AUTOGRAD_ROUTES = (torch.autograd.functional.jacobian, torch.autograd.functional.hessian, torch.autograd.grad,
-                    torch.autograd.backward, torch.Tensor.backward, torch.func.jacrev, torch.func.jacfwd,
-                    torch.func.grad, torch.func.vjp, torch.func.jvp)
+_AUTOGRAD_ROUTES = (torch.autograd.functional.jacobian, torch.autograd.functional.hessian, torch.autograd.functional.jvp,
+                    torch.autograd.functional.vjp, torch.autograd.functional.hvp, torch.autograd.functional.vhp,
+                    torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward,
+                    torch.autograd.forward_ad.make_dual, torch.autograd.forward_ad.unpack_dual,  # forward mode
+                    torch.func.jacrev, torch.func.jacfwd, torch.func.hessian, torch.func.grad, torch.func.grad_and_value,
+                    torch.func.vjp, torch.func.jvp, torch.func.linearize)
+# Finite differences (and any other route that runs the softmax again) need the scores back from p and their
+# exponential; the formula needs neither. Not caught: numpy's exp and log (numpy's ufuncs are not seen by the
+# guards) and an exponential written as a power of e.
+_FROM_P = ("the Jacobian is built from p alone: recomputing the softmax from scores (finite differences, say) "
+           "is not a derivation, and the formula needs no logarithm and no exponential")
+_RECOMPUTE_ROUTES = (torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log, math.exp, math.log)
 
 
 @exercise(
@@ -156,7 +167,7 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
     norms = []
     for what, p in cases.items():
         expected = torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), torch.log(p))  # (S, S)
-        with forbidden("softmax", *_AUTOGRAD_ROUTES, reason=_DERIVE):
+        with forbidden("softmax", *_AUTOGRAD_ROUTES, reason=_DERIVE), forbidden(*_RECOMPUTE_ROUTES, reason=_FROM_P):
             answer = call(softmax_jacobian, p)
         got = expect_tensor(answer, what=what, shape=(p.numel(), p.numel()), dtype="float", convert=True)
         if p.numel() > 1:
@@ -198,6 +209,16 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
             raise Mismatch(f"{what}: {int(off.sum())} of {off.numel()} values differ; first at index {index}: expected "
                            f"{float(expected[index]):.3g}, got {float(got[index]):.3g}") from None
         norms.append(float(expected.norm()))
+    # Once more with p on another device (a GPU, or the meta device standing in for one): the Jacobian must be
+    # made there too. An answer that copies p to numpy or to a list cannot be judged on meta: the cases above did.
+    device = other_device()
+    p = next(iter(cases.values()))
+    shown = f"p = softmax of 5 random scores, on the {device.type} device"
+    with forbidden("softmax", *_AUTOGRAD_ROUTES, reason=_DERIVE), forbidden(*_RECOMPUTE_ROUTES, reason=_FROM_P):
+        result = call_elsewhere(softmax_jacobian, p.to(device), device=device, what=shown,
+                                made_by="torch.eye, torch.zeros, torch.tensor ...", copy_out_is_a_mistake=False)
+    if isinstance(result, torch.Tensor):
+        expect_on_device(result, device, shown)
     return (
         f"your Jacobian matches autograd's. Its norm is {norms[0]:.3f} for the spread-out p and {norms[1]:.1e} for the nearly "
         "one-hot p: a saturated softmax passes almost no gradient back to its scores."
@@ -260,6 +281,11 @@ def check_self_attention_module(module_class) -> str:
     for name in ("W_query", "W_key", "W_value"):
         grad = getattr(module, name).weight.grad
         if grad is None or not bool(grad.abs().sum() > 0):
+            zeros = [other for other in ("W_query", "W_key", "W_value")
+                     if not bool(getattr(module, other).weight.detach().abs().sum() > 0)]
+            if grad is not None and zeros:  # all-zero queries or keys: constant scores, no gradient for the other
+                raise Mismatch(f"no gradient reaches {name}.weight, because {', '.join(zeros)}.weight is all zeros: "
+                               "keep nn.Linear's own random initialisation")
             raise Mismatch(f"no gradient reaches {name}.weight: compute the output from the layers' outputs, without .detach() or torch.no_grad()")
     # Other batches, lengths and widths: batch 1 and 3, one token, d_k < d_v, odd widths.
     for size in other_sizes(same_length=True):
@@ -290,6 +316,10 @@ def _score_std_mistakes(d_model: int, d_k: int, std_query: float, std_key: float
          "each entry of q and k), d_k the width of q and k (summed in the dot product)"),
         (d_model * q * k, "that is the standard deviation after the division by √d_k; the exercise asks for the unscaled "
          "score q·k"),
+        (math.sqrt(d_k) * d_model * q ** 2, "you used std_query for both factors, as if σ_K = σ_Q; the keys have their own "
+         "spread, std_key (T5 gives them different ones)"),
+        (math.sqrt(d_k) * d_model * k ** 2, "you used std_key for both factors, as if σ_Q = σ_K; the queries have their own "
+         "spread, std_query (T5 gives them different ones)"),
         (math.sqrt(d_k) * d_model * (q ** 2 + k ** 2) ** 0.5, "the variances of two independent factors multiply, they "
          "do not add: Var(q_e k_e) = Var(q_e) Var(k_e) for independent q_e, k_e of mean 0"),
         (math.sqrt(d_k) * d_model * (q + k), "the standard deviations of two independent factors multiply, they do not "
@@ -308,15 +338,25 @@ def check_score_std(score_std) -> str:
     # one of width 1, and T5's initialisation.
     cases = [(512, 64, 1 / math.sqrt(3 * 512), 1 / math.sqrt(3 * 512)), (64, 16, 0.5, 2.0), (10, 7, 0.2, 0.3),
              (1, 1, 1.5, 0.5), (3, 200, 0.7, 0.05), (3000, 128, (3000 * 128) ** -0.5, 3000 ** -0.5)]
+    failed = []  # (what, got, right, the indices of the mistakes that give got there)
     for d_model, d_k, std_query, std_key in cases:
         what = f"score_std(d_model={d_model}, d_k={d_k}, std_query={std_query:.4g}, std_key={std_key:.4g})"
         got = expect_number(call(score_std, d_model, d_k, std_query, std_key), what=what)
         right = math.sqrt(d_k) * d_model * std_query * std_key
         if math.isclose(got, right, rel_tol=1e-6):
             continue
-        for guess, message in _score_std_mistakes(d_model, d_k, std_query, std_key):
-            if not math.isclose(guess, right, rel_tol=1e-3):  # a mistake that gives the right number here cannot be named
-                expect(not math.isclose(got, guess, rel_tol=1e-6), f"{what}: {message}")
+        matching = {i for i, (guess, _) in enumerate(_score_std_mistakes(d_model, d_k, std_query, std_key))
+                    if math.isclose(got, guess, rel_tol=1e-6)}
+        failed.append((what, got, right, matching, (d_model, d_k, std_query, std_key)))
+    if failed:
+        # Name a mistake only if it gives the answer's number in every case that failed: two formulas can agree
+        # on one case (σ_Q = σ_K assumed and the scaled score both give 64 at d_model=64, σ_Q=0.5, σ_K=2).
+        common = set.intersection(*(matching for *_, matching, _ in failed))
+        if common:
+            index = min(common)
+            what, _, _, _, sizes = next(case for case in failed if index in case[3])
+            raise Mismatch(f"{what}: {_score_std_mistakes(*sizes)[index][1]}")
+        what, got, right, _, _ = failed[0]
         if math.isclose(got, right, rel_tol=0.1):
             raise Mismatch(f"{what}: you returned {got:.4g}, within 10% of the exact value but not equal to it. A "
                            "measurement only estimates it: derive the exact formula, as section 5.1 did")
