@@ -57,37 +57,17 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
         "04_causal_attention": "executed on a busy shared machine (56 s recorded; 30 s on one thread in the second "
                                "pass), about 30 s stated for an idle 2-core CPU: the lead re-executes it on a quiet one",
-        "05_multi_head_attention": "executed on a busy shared machine (104.5 s recorded at a load of 6 to 7 on 2 "
-                                   "cores; 139 s at a load of 10 to 13), about 60 s stated for an idle 2-core CPU: the "
-                                   "lead re-executes it on a quiet one",
         "06_positional_encoding": "executed on a busy shared machine (44 s recorded at a load of 6 to 7 on 2 "
                                   "cores; 73 s at a load of 9 to 14), about 25 s stated for an idle 2-core CPU: the lead "
                                   "re-executes it on a quiet one",
-        "07_character_translator": "executed on a busy shared machine (169 s recorded, about 60 s stated for an idle "
-                                   "2-core CPU): the lead re-executes it on a quiet one",
         "08_efficient_attention": "executed on a busy shared machine (71 s recorded, about 40 s stated for an idle "
                                   "2-core CPU): the lead re-executes it on a quiet one",
-        "09_rotary_and_alibi": "executed on a busy shared machine (268 s recorded at a load of 6 to 10 on 2 cores; "
-                               "61 s recorded earlier at a load of 3; about 50 s stated for an idle 2-core CPU): "
-                               "the lead re-executes it on a quiet one",
-        "10_grouped_query_attention": "executed on a busy shared machine (129 s recorded, about 30 s stated for an "
-                                      "idle 2-core CPU): the lead re-executes it on a quiet one",
-        "11_latent_attention": "executed on a busy shared machine (133 s recorded at a load of 7 on 2 cores; 49.5 s "
-                               "at a load of 2 half an hour earlier), about 60 s stated for an idle 2-core CPU: the lead "
-                               "re-executes it on a quiet one",
     },
     "prose_run_time": {
         "04_causal_attention": "the header's 'about 30 s' against the busy machine's 56 s record (see header_run_time)",
-        "05_multi_head_attention": "the header's 'about 60 s' against the busy machine's 104.5 s record (see "
-                                   "header_run_time)",
         "06_positional_encoding": "the header's 'about 25 s' against the busy machine's 44 s record (see "
                                   "header_run_time)",
-        "07_character_translator": "the header's 'about 60 s' against the busy machine's 169 s record (see header_run_time)",
         "08_efficient_attention": "the header's 'about 40 s' against the busy machine's 71 s record (see header_run_time)",
-        "09_rotary_and_alibi": "the header's 'about 50 s' against the busy machine's 268 s record (see header_run_time)",
-        "10_grouped_query_attention": "the header's 'about 30 s' against the busy machine's 129 s record (see "
-                                      "header_run_time)",
-        "11_latent_attention": "the header's 'about 60 s' against the busy machine's 133 s record (see header_run_time)",
     },
     "solution_output": {
     },
