@@ -404,6 +404,17 @@ def _jacobian_by_finite_differences(p, h=1e-6):  # central differences in float6
     return torch.stack(columns, dim=1).to(p.dtype)
 
 
+def _jacobian_by_finite_differences_in_base_2(p, h=1e-6):  # exp2 and log2 instead of exp and log
+    s = p.double().log2()
+
+    def softmax(z):
+        e = torch.exp2(z - z.max())
+        return e / e.sum()
+
+    columns = [(softmax(s + h * e) - softmax(s - h * e)) / (2 * h * math.log(2)) for e in torch.eye(len(p), dtype=torch.float64)]
+    return torch.stack(columns, dim=1).to(p.dtype)
+
+
 def _jacobian_by_finite_differences_in_math(p, h=1e-6):  # the same with the math module, on Python floats
     s = [math.log(x) for x in p.tolist()]
 
@@ -443,6 +454,7 @@ def _jacobian_by_finite_differences_in_math(p, h=1e-6):  # the same with the mat
         (lambda p: torch.autograd.functional.jvp(_hand_softmax, p.log(), p)[1], "derive the Jacobian by hand"),
         (_jacobian_by_finite_differences, "is not a derivation"),
         (_jacobian_by_finite_differences_in_math, "is not a derivation"),
+        (_jacobian_by_finite_differences_in_base_2, "is not a derivation"),
         (lambda p: torch.eye(len(p)) * p - torch.outer(p, p), "works only with CPU tensors"),
         (lambda p: torch.eye(len(p), dtype=p.dtype) * p - torch.outer(p, p), "works only with CPU tensors"),
         (lambda p: torch.from_numpy(torch.diag(p).numpy() - torch.outer(p, p).numpy()), "numpy holds only CPU data"),

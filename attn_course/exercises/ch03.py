@@ -147,7 +147,9 @@ _AUTOGRAD_ROUTES = (torch.autograd.functional.jacobian, torch.autograd.functiona
 # guards) and an exponential written as a power of e.
 _FROM_P = ("the Jacobian is built from p alone: recomputing the softmax from scores (finite differences, say) "
            "is not a derivation, and the formula needs no logarithm and no exponential")
-_RECOMPUTE_ROUTES = (torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log, math.exp, math.log)
+_RECOMPUTE_ROUTES = (torch.exp, torch.Tensor.exp, torch.exp2, torch.Tensor.exp2, torch.expm1, torch.Tensor.expm1,
+                     torch.log, torch.Tensor.log, torch.log2, torch.Tensor.log2, torch.log10, torch.Tensor.log10,
+                     torch.log1p, torch.Tensor.log1p, math.exp, math.expm1, math.log, math.log2, math.log10, math.log1p)
 
 
 @exercise(
