@@ -122,6 +122,13 @@ def absolute_positions_offset(pe_a, pe_b):  # read each position off the slowest
     return round(torch.atan2(pe_b[-2], pe_b[-1]).item() / omega) - round(torch.atan2(pe_a[-2], pe_a[-1]).item() / omega)
 
 
+def unit_circle_positions_offset(pe_a, pe_b):  # each position read with its angle in [0, 2π), then subtracted
+    d_model = pe_a.numel()
+    omega = 10000 ** (-(d_model - 2) / d_model)
+    angle = lambda pe: torch.remainder(torch.atan2(pe[-2], pe[-1]), 2 * math.pi).item()  # noqa: E731
+    return round((angle(pe_b) - angle(pe_a)) / omega)
+
+
 def hard_coded_width_offset(pe_a, pe_b):  # the slowest pair, but d_model = 64 whatever the vectors' length
     omega = 10000 ** (-(64 - 2) / 64)
     turn = math.remainder(float(torch.atan2(pe_b[-2], pe_b[-1]) - torch.atan2(pe_a[-2], pe_a[-1])), 2 * math.pi)
@@ -216,7 +223,7 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
          "you called attn_course.sinusoidal_positional_encoding"),
         (check_recover_offset, lambda a, b: -recover_offset(a, b), "wrong sign"),
         (check_recover_offset, lambda a, b: abs(recover_offset(a, b)), "not its direction"),
-        (check_recover_offset, lambda a, b: recover_offset(a, b) + 1, "22 of 22 offsets are wrong"),
+        (check_recover_offset, lambda a, b: recover_offset(a, b) + 1, "28 of 28 offsets are wrong"),
         (check_recover_offset, lambda a, b: float("nan"), "finite"),
         # exercise 1: off by one, the exponent, the direction of the division
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, first=1), "off by one"),
@@ -234,7 +241,7 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
         (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, pairs=d, normaliser=d),
          "column index j"),
         (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b) - 1, "off by one"),
-        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b) + 1, "already was at k = 46"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b) + 1, "already was below 0.5 at k = 46"),
         (check_first_offset_below, lambda f, d, b: float(first_offset_below(f, d, b)), "return an integer, got float"),
         (check_first_offset_below, lambda f, d, b: 0, "positive number of positions"),
         # exercise 3: the fast pair wraps around; the slow pair without wrapping the difference, or each
@@ -267,6 +274,13 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
         (check_first_offset_below, lambda f, d, b: next((k for k in range(1, 1000) if similarity(k, d, b) < f), 999),
          "stop early"),
         (check_first_offset_below, lambda f, d, b: ch06._first_below(f, d, b), "check's own code"),
+        # the third review: a scan with a bound of its own above the 1109 of base 10000 (base 500000 needs 12267);
+        # frequencies 4i / d scanned in order (not a later crossing of the true curve: the similarity differs)
+        (check_first_offset_below, lambda f, d, b: next((k for k in range(1, 2001) if similarity(k, d, b) < f), 2000),
+         "stop early"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, two=4), "your similarity differs"),
+        # exercise 3: each position read in [0, 2π) and subtracted, wrong where the slowest pair completes a turn
+        (check_recover_offset, unit_circle_positions_offset, "passes 2π (a full turn)"),
         # exercise 3: the width hard-coded (the notebook's d_demo = 64), an unrounded float
         (check_recover_offset, hard_coded_width_offset, "right for d_model = 64 but not for d_model = 32"),
         (check_recover_offset, lambda a, b: recover_offset(a, b) + 1e-9, "return the integer k"),

@@ -5,8 +5,9 @@ Each check names the usual mistakes (the column index in the exponent, sine and 
 curve that is not monotone, an angle difference that is not wrapped, the inverse rotation) and uses the
 shared mechanism of ``attn_course.exercises``: the package forbidden where the exercise says so
 (``forbid=("attn_course",)``), inputs watched for changes in place, numpy integers accepted. Exercise
-3 tries positions around 23,559 and 70,676, where the slowest pair of a 64-wide encoding wraps around, and the
-widths 32 and 128 near their own wrapping points; it wants an integer, as exercise 2 does. The table
+3 tries positions around 23,559 and 70,676, where the slowest pair of a 64-wide encoding passes π and 3π, and
+around 47,119, where it completes a turn (an angle read in [0, 2π) jumps there), and the widths 32 and 128 near
+their own such points; it wants an integer, as exercise 2 does. The table
 of wrong answers is in tests/test_exercises_ch06.py.
 """
 
@@ -99,7 +100,7 @@ def check_sinusoidal_encoding(sinusoidal_encoding) -> str:
                 f"{what}: you put all sines in the first half and all cosines in the second. That layout is used "
                 "too, but this exercise (and the paper's formula) interleaves them: column 2i sine, column 2i+1 cosine."
             )
-        expect_close(got, right, what=what)
+        expect_close(got, right, what=what, device=None)  # no input to take a device from: any device will do
     return "your encoding matches ac.sinusoidal_positional_encoding (interleaved sin/cos, i < d_model/2)."
 
 
@@ -143,7 +144,7 @@ def _bisection(fraction: float, d_model: int, base: float, high: int) -> int:
 def check_first_offset_below(first_offset_below) -> str:
     cases = [(0.5, 128, 10000.0), (0.25, 128, 10000.0), (0.6, 16, 10000.0), (0.8, 16, 10000.0),
              (0.5, 64, 500000.0), (0.4, 32, 100.0), (0.1, 128, 10000.0), (0.95, 16, 10000.0),
-             (0.05, 128, 10000.0)]  # answers 46, 198, 8, 2, 78, 9, 721, 1 and 1109
+             (0.05, 128, 10000.0), (0.05, 128, 500000.0)]  # answers 46, 198, 8, 2, 78, 9, 721, 1, 1109, 12267
     for fraction, d_model, base in cases:
         what = f"first_offset_below({fraction}, d_model={d_model}, base={base:g})"
         got = expect_int(call(first_offset_below, fraction, d_model, base), what=what)
@@ -175,12 +176,22 @@ def check_first_offset_below(first_offset_below) -> str:
         for mistake, answer in wrong.items():
             if answer is not None and got == answer:
                 raise Mismatch(f"{message} {mistake}.")
-        if got > want and at(got) < fraction:
+        if got == want + 1 and at(got) < fraction:
+            raise Mismatch(f"{message} The similarity already was below {fraction} at k = {want} ({at(want):.3f}): "
+                           "off by one, return the first k that is below (a loop that adds one after its test "
+                           "returns one too many)")
+        if got > want and at(got) < fraction <= at(got - 1):  # got is a later crossing of the true curve
             searched = any(got == _bisection(fraction, d_model, base, high) for high in (1000, 10_000, 100_000))
             raise Mismatch(f"{message} At k = {got} the similarity ({at(got):.3f}) is below {fraction}, but it already "
                            f"was at k = {want} ({at(want):.3f}): the curve is not monotone, it dips below and rises "
                            "back above, so " + ("a bisection lands on a later crossing; " if searched else "") +
-                           "try the offsets in order from k = 1")
+                           f"try the offsets in order from k = 1 (if you did, your similarity at k = {want} is not the "
+                           "formula's: check the frequencies and the precision, float32 or float64)")
+        if got > want:
+            raise Mismatch(f"{message} By the formula the similarity is {at(want):.3f} at k = {want}, already below "
+                           f"{fraction}, yet your search went on: your similarity differs from the formula's there "
+                           "(check the frequencies base^(-2i / d_model), the mean over the d_model / 2 pairs, and the "
+                           "precision: float32 or float64)")
         if at(got) >= fraction:
             raise Mismatch(f"{message} At k = {got} the similarity is {at(got):.3f}, not below {fraction}"
                            + (" (off by one: return the first k that is below, not the last that is not)"
@@ -212,9 +223,10 @@ def check_recover_offset(recover_offset) -> str:
         wraps = round(math.pi / slowest)  # (and 3π at 70,676); for 32 about 17,671, for 128 about 27,197
         if d_model == 64:  # small positions, then where the slowest pair's angle passes π, and beyond
             cases = [(0, 0), (7, 1), (7, -1), (300, 5), (40, -17), (1234, 42), (150, -99), (3, 98),
-                     (23_540, 42), (23_580, -30), (50_000, 7), (70_650, 60)]
-        else:
-            cases = [(5, 3), (90, -61), (2, 97), (wraps - 20, 45), (wraps + 15, -40)]
+                     (23_540, 42), (23_580, -30), (47_100, 30), (47_130, -30), (50_000, 7), (70_650, 60)]
+        else:  # and where it passes 2π (a full turn), at 2 * wraps: about 35,343 for 32, 54,410 for 128
+            cases = [(5, 3), (90, -61), (2, 97), (wraps - 20, 45), (wraps + 15, -40),
+                     (2 * wraps - 20, 45), (2 * wraps + 15, -40)]
         positions = sorted({q for p, k in cases for q in (p, p + k)})
         rows = _encoding_rows(positions, d_model)
         index = {q: i for i, q in enumerate(positions)}
@@ -249,11 +261,15 @@ def check_recover_offset(recover_offset) -> str:
         far = [(d, p, k, got) for d, p, k, got in wrong if abs(abs(got - k) - turns[d]) < 0.02 * turns[d]]
         if far == wrong:
             d, p, k, got = wrong[0]
+            slowest = float(_frequencies(d)[-1])
+            full = math.floor(p * slowest / (2 * math.pi)) != math.floor((p + k) * slowest / (2 * math.pi))
+            where = ("2π (a full turn), where an angle read in [0, 2π) jumps from 2π back to 0" if full else
+                     "π, where atan2 jumps from π to -π")
             raise Mismatch(f"recover_offset(PE[{p}], PE[{p + k}]) with d_model={d} should be {k}, got {got}: off by "
                            f"one whole turn of the slowest pair (2π / omega ≈ {turns[d]:,.0f} positions). Between "
-                           "these two positions that pair's angle passes π, where atan2 jumps from π to -π: bring the "
-                           "difference of the two angles back into (-π, π] before dividing (reading each absolute "
-                           "position and subtracting them breaks the same way)")
+                           f"these two positions that pair's angle passes {where}: an absolute angle jumps somewhere, "
+                           "whatever its range, so do not read each position and subtract; bring the difference of "
+                           "the two angles back into (-π, π] before dividing")
         d, p, k, got = wrong[0]
         raise Mismatch(f"{len(wrong)} of {len(answers)} offsets are wrong; for example recover_offset(PE[{p}], "
                        f"PE[{p + k}]) with d_model={d} should be {k}, got {got}.")
