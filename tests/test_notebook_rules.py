@@ -55,14 +55,8 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 # (rule, chapter stem) -> why the chapter fails it today. Strict xfail: delete the entry once fixed.
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
-        "04_causal_attention": "executed on a busy shared machine (56 s recorded; 30 s on one thread in the second "
-                               "pass), about 30 s stated for an idle 2-core CPU: the lead re-executes it on a quiet one",
-        "08_efficient_attention": "executed on a busy shared machine (71 s recorded, about 40 s stated for an idle "
-                                  "2-core CPU): the lead re-executes it on a quiet one",
     },
     "prose_run_time": {
-        "04_causal_attention": "the header's 'about 30 s' against the busy machine's 56 s record (see header_run_time)",
-        "08_efficient_attention": "the header's 'about 40 s' against the busy machine's 71 s record (see header_run_time)",
     },
     "solution_output": {
     },
