@@ -268,6 +268,12 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
          "float32 or float64"),
         (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, dtype=torch.float16), "float32 or float64"),
         (check_sinusoidal_encoding, lambda n, d: ch06._encoding_rows(list(range(n)), d), "check's own code"),
+        # the third review: the angles in half precision, the table cast back to float32; ln 10000 rounded
+        (check_sinusoidal_encoding, lambda n, d: sinusoidal_encoding(n, d, dtype=torch.float16).float(),
+         "half precision"),
+        (check_sinusoidal_encoding, lambda n, d: torch.stack([f(torch.arange(n)[:, None] * torch.exp(
+            -torch.arange(0, d, 2) / d * 9.21)) for f in (torch.sin, torch.cos)], dim=-1).flatten(1),
+         "a constant rounded"),
         # exercise 2: the search starts at k = 2 (a loop that adds one first), a bounded scan, the check's helper
         (check_first_offset_below, lambda f, d, b: next(k for k in range(2, 10**6) if similarity(k, d, b) < f),
          "start the search at k = 1"),
