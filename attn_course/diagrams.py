@@ -1390,17 +1390,18 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
         top = 0.35  # the decoder's inputs s_{i-1} and y_{i-1}
         y_att = top + 0.95  # the attention's first operation, level with H's top part
         H = d.block((x0 + wD / 2, y_att - 0.1 + hH / 2), S, D, role="state", name="encoder states H",
-                    name_at="above", shape=shp("S", "D"), shape_at="left" if False else "below", height=hH)
+                    name_at="above", shape=shp("S", "D"), shape_at="below", height=hH)
         for j, word in enumerate(words):
             d.text(x0 - 0.06, H.y0 + (j + 0.5) * row_h, word, size=_SMALL_PT, colour=INK, ha="right")
         # Every decoder starts from s₋₁ = c, the one without attention too. (Unicode has no subscript capital S,
         # so the forward state at position S - 1 is written h_(S−1), as the chapter's printed text does.)
-        c = vector(d, (H.center[0], H.y1 + 0.75), D, "state", "summary c, the first state s₋₁", "D", at="below")
+        c_name = "summary c = sᵢ₋₁ at i = 0"
+        c = vector(d, (H.center[0], H.y1 + 0.75), D, "state", c_name, "D", at="below")
         d.arrow((H.center[0], H.y1 + 0.38), c.top, label="[→h_(S−1); ←h₀]", label_at="right")
         steps = [f"the encoder's states H {shp.alt('S', 'D')}, one row hⱼ per source token, and the summary c "
                  f"{shp.alt('D')}, the forward state at the last token and the backward state at the first, "
                  "which is the decoder's first state s₋₁"]
-        x_b = H.x1 + 0.4 + 0.95  # the attention column's centre
+        x_b = H.x1 + 0.7 + 0.95  # the attention column's centre, far enough that cᵢ's label stays clear of H's shape
         x_c = x_b + 1.15 + wD / 2 if kind != "none" else H.x1 + 0.9 + wD / 2  # the recurrent column's centre
 
         def inputs(query, top=top):
@@ -1420,8 +1421,7 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
                 turn = att.x1 + 0.3
                 d.arrow(query_point, att.right, via=[(turn, query_point[1]), (turn, att.center[1])])
             d.arrow((H.x1, att.center[1]), att.left, label="hⱼ", label_at="below")
-            weights = np.exp(-0.5 * (np.arange(rows) - 0.7 * (rows - 1)) ** 2 / 1.0)[None, :]
-            alpha = vector(d, (x_b, att.y1 + 0.35), S, "weight", "αᵢ", "S", at="left", values=weights)
+            alpha = vector(d, (x_b, att.y1 + 0.35), S, "weight", "αᵢ", "S", at="left")  # flat: no made-up weights
             d.arrow(att.bottom, alpha.top)
             total = d.op((x_b, alpha.y1 + 0.45), "Σⱼ αᵢⱼ hⱼ")
             d.arrow(alpha.bottom, total.top)
@@ -1442,7 +1442,10 @@ def encoder_decoder_step(kind: str = "additive", S: int = 8, E: int = 16, D: int
             d.arrow(gru.bottom, s_new.top)
             out = d.op((x_c, s_new.y1 + 0.45), "W_o [sᵢ; c]")
             d.arrow(s_new.bottom, out.top)
-            d.arrow(c.right, out.left, via=[(c.x1 + 0.3, c.center[1]), (c.x1 + 0.3, out.center[1])])
+            summary_w = _text_box(c_name, _NAME_PT, "bold")[0] + 0.07 + _text_box(
+                shp.alt("D") if shapes == "both" else shp("D"), _SMALL_PT)[0]
+            turn = max(c.x1 + 0.3, c.center[0] + summary_w / 2 + 0.15)  # clear of c's label below it
+            d.arrow(c.right, out.left, via=[(turn, c.center[1]), (turn, out.center[1])])
             steps.append(f"at step i the GRU reads the embedded previous token yᵢ₋₁ {shp.alt('E')}, the summary c "
                          f"and the previous state sᵢ₋₁ {shp.alt('D')}, and gives the new state sᵢ; the output layer "
                          "reads [sᵢ; c]")
@@ -2243,12 +2246,12 @@ def linear_attention_flow(Dk: int = 4, Dv: int = 6, *, rule: str = "linear", gat
             d.arrow(v.bottom, minus.top)
             beta = d.op((minus.x1 + 0.45, y1), "× βₜ")
             d.arrow(minus.right, beta.left)
-            outer = d.op((max(plus.center[0], beta.x1 + 0.6), y1), "kₜ eₜᵀ")
-            d.arrow(beta.right, outer.left, label="eₜ")
+            outer = d.op((max(plus.center[0], beta.x1 + 0.6), y1), "kₜ uₜᵀ")
+            d.arrow(beta.right, outer.left, label="uₜ")
             y2 = y1 + max(0.35, d.ext(Dk) / 2 + 0.45)
             d.arrow(k.bottom, outer.bottom, via=[(k.center[0], y2), (outer.center[0], y2)])
             words = ("the state first recalls v̂ₜ = Sₜ₋₁ᵀ kₜ for the new key, and the outer product of kₜ with the "
-                     "correction eₜ = βₜ (vₜ − v̂ₜ) is added (the delta rule)")
+                     "correction uₜ = βₜ (vₜ − v̂ₜ) is added (the delta rule)")
         d.arrow(outer.top, (outer.center[0], plus.y1))
         gate_words = "the state is first multiplied by a decay αₜ; " if gate else ""
         return (f"Diagram of one step of {'linear attention' if rule == 'linear' else 'the delta rule'} as a "

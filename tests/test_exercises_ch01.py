@@ -181,6 +181,39 @@ def general_squeeze(s, H, W_a):  # .squeeze() drops the batch of one sentence, o
     return (weights.unsqueeze(-1) * H).sum(-2), weights
 
 
+def general_no_grad(s, H, W_a):  # the second review's accepted answer: right values, nothing to train through
+    with torch.no_grad():
+        return general_right(s, H, W_a)
+
+
+def general_weights_detached(s, H, W_a):  # the context is trained through H only: no gradient reaches s or W_a
+    context, weights = general_right(s, H, W_a)
+    return (weights.detach()[:, :, None] * H).sum(1), weights
+
+
+def general_private_helper(s, H, W_a):  # the second review's: the package's softmax-and-context, not attention by name
+    from attn_course.alignment import _weights_and_context
+    context, weights = _weights_and_context(((s @ W_a)[:, None, :] * H).sum(-1)[:, None, :], H, None)
+    return context[:, 0], weights[:, 0]
+
+
+def general_bfloat16_cast_back(s, H, W_a):  # the second review's: once told "did you return the scores?"
+    weights = torch.softmax(((s @ W_a)[:, None, :] * H).sum(-1).to(torch.bfloat16), dim=-1).to(s.dtype)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_unsqueeze_in_place_restored(s, H, W_a):  # values right, the caller's s restored, backward raises
+    query = s.unsqueeze_(1) @ W_a  # (B, 1, Dk)
+    weights = torch.softmax((query @ H.transpose(1, 2))[:, 0], dim=-1)
+    s.squeeze_(1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_float64_result(s, H, W_a):  # the course's dtype policy: a float64 result of float32 inputs passes
+    weights = torch.softmax(((s @ W_a)[:, None, :] * H).sum(-1), dim=-1, dtype=torch.float64)
+    return (weights[:, :, None] * H.double()).sum(1), weights
+
+
 # --- Exercise 2 -----------------------------------------------------------------------------------
 
 def luong_right(s, H, padding_mask):
@@ -204,7 +237,7 @@ def luong_no_mask(s, H, padding_mask):
     return (weights[:, :, None] * H).sum(1), weights
 
 
-def luong_renormalised(s, H, padding_mask):  # another correct formulation
+def luong_renormalised(s, H, padding_mask):  # the second review's accepted answer: fails once padding scores 104 higher
     weights = torch.softmax((H @ s[:, :, None])[..., 0], dim=-1) * (~padding_mask)
     total = weights.sum(-1, keepdim=True)
     weights = torch.where(total > 0, weights / total.clamp_min(1e-30), torch.zeros_like(weights))
@@ -326,8 +359,8 @@ def luong_epsilon(s, H, padding_mask):  # the row's maximum over the padding too
     return (weights[:, :, None] * H).sum(1), weights
 
 
-def luong_max_with_padding(s, H, padding_mask):  # another correct formulation: shift by the row's maximum, padding
-    scores = (H @ s[:, :, None])[..., 0]          # included, zero the padding's exps, 0/0 to zeros
+def luong_max_with_padding(s, H, padding_mask):  # shift by the row's maximum, padding included, zero the padding's
+    scores = (H @ s[:, :, None])[..., 0]          # exps, 0/0 to zeros: the real exps underflow to 0
     e = (scores - scores.max(-1, keepdim=True).values).exp().masked_fill(padding_mask, 0.0)
     weights = (e / e.sum(-1, keepdim=True)).nan_to_num(0.0)
     return (weights[:, :, None] * H).sum(1), weights
@@ -343,6 +376,43 @@ def luong_cpu_scalar_fill(s, H, padding_mask):  # and another: a 0-dim CPU fill,
     scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, torch.tensor(float("-inf")))
     weights = torch.nan_to_num(torch.softmax(scores, dim=-1))
     return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_no_grad(s, H, padding_mask):  # the second review's accepted answer: nothing to train through
+    with torch.no_grad():
+        return luong_right(s, H, padding_mask)
+
+
+def luong_minus_1e9_zeroed(s, H, padding_mask):  # the second review's: -1e9, the empty rows zeroed afterwards
+    weights = torch.softmax((H @ s[:, :, None])[..., 0].masked_fill(padding_mask, -1e9), dim=-1)
+    weights = weights.masked_fill(padding_mask.all(-1, keepdim=True), 0.0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_additive_minus_1e30(s, H, padding_mask):  # another correct formulation: a fill below any float32 score
+    scores = (H @ s[:, :, None])[..., 0] + padding_mask * -1e30
+    weights = torch.softmax(scores, dim=-1).masked_fill(padding_mask.all(-1, keepdim=True), 0.0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_index_assign_softmax(s, H, padding_mask):  # writes into the softmax's output: backward raises
+    scores = (H @ s[:, :, None])[..., 0]
+    scores[padding_mask] = float("-inf")
+    weights = torch.softmax(scores, dim=-1)
+    weights[padding_mask.all(-1)] = 0.0
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_private_helper(s, H, padding_mask):
+    from attn_course.alignment import _weights_and_context
+    context, weights = _weights_and_context((H @ s[:, :, None])[..., 0][:, None, :], H, padding_mask)
+    return context[:, 0], weights[:, 0]
+
+
+def luong_float64_result(s, H, padding_mask):  # the course's dtype policy: a float64 result of float32 inputs passes
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float64).nan_to_num()
+    return (weights[:, :, None] * H.double()).sum(1), weights
 
 
 # --- Exercise 3 -----------------------------------------------------------------------------------
@@ -560,6 +630,26 @@ def token_width_written_in(decoder, previous_tokens, state, states):  # E = 5 of
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
+def token_weights_no_grad(decoder, previous_tokens, state, states):  # the second review's: W, U and v never learn
+    y_prev = decoder.embedding(previous_tokens)
+    with torch.no_grad():
+        _, weights = attend(decoder, torch.cat([state, y_prev], dim=-1), states)
+    context = (weights[:, :, None] * states).sum(1)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_private_helper(decoder, previous_tokens, state, states):  # the score written; the softmax and sum borrowed
+    from attn_course.alignment import _weights_and_context
+    attention = decoder.attention
+    y_prev = decoder.embedding(previous_tokens)
+    hidden = torch.tanh(attention.W(torch.cat([state, y_prev], dim=-1))[:, None, :] + attention.U(states))
+    context, weights = _weights_and_context(attention.v(hidden)[..., 0][:, None, :], states, None)
+    context, weights = context[:, 0], weights[:, 0]
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_general_attention, general_right, "correct", "widths differ"),
@@ -591,7 +681,7 @@ CASES = [
     (check_general_attention, general_squeeze, "incorrect", "expected shape (1, 5), got (5,)"),
     (check_general_attention, general_logsumexp, "correct", "widths differ"),
     (check_luong_attention, luong_right, "correct", "not NaN"),
-    (check_luong_attention, luong_renormalised, "correct", "not NaN"),
+    (check_luong_attention, luong_renormalised, "incorrect", "a maximum taken over the padding too"),
     (check_luong_attention, luong_nan_row, "incorrect", "fully padded row"),
     (check_luong_attention, luong_inverted_mask, "incorrect", "True marks padding"),
     (check_luong_attention, luong_no_mask, "incorrect", "exactly 0"),
@@ -615,7 +705,7 @@ CASES = [
     (check_luong_attention, luong_half, "incorrect", "half precision"),
     (check_luong_attention, luong_bfloat16, "incorrect", "torch.bfloat16 but the inputs were torch.float32"),
     (check_luong_attention, luong_epsilon, "incorrect", "a maximum taken over the padding too"),
-    (check_luong_attention, luong_max_with_padding, "correct", "not NaN"),
+    (check_luong_attention, luong_max_with_padding, "incorrect", "rounds to 0"),
     (check_luong_attention, luong_log_mask, "correct", "not NaN"),
     (check_luong_attention, luong_cpu_scalar_fill, "correct", "not NaN"),
     (check_teacher_forcing_inputs, inputs_right, "correct", "never the token"),
@@ -655,6 +745,20 @@ CASES = [
     (check_token_query_step, token_package_step, "incorrect", "you called attn_course.rnn.AttentionDecoder.step"),
     (check_token_query_step, token_state_in_place, "incorrect", "changed its input `state` in place"),
     (check_token_query_step, token_width_written_in, "error", "called with"),
+    (check_general_attention, general_no_grad, "incorrect", "nothing can be trained through them"),
+    (check_general_attention, general_weights_detached, "incorrect", "no gradient reaches s, W_a"),
+    (check_general_attention, general_private_helper, "incorrect", "you called attn_course.alignment._weights_and_context"),
+    (check_general_attention, general_bfloat16_cast_back, "incorrect", "rounding of half precision"),
+    (check_general_attention, general_unsqueeze_in_place_restored, "incorrect", "You wrote in place"),
+    (check_general_attention, general_float64_result, "correct", "widths differ"),
+    (check_luong_attention, luong_no_grad, "incorrect", "nothing can be trained through them"),
+    (check_luong_attention, luong_minus_1e9_zeroed, "incorrect", "-1e9"),
+    (check_luong_attention, luong_additive_minus_1e30, "correct", "not NaN"),
+    (check_luong_attention, luong_index_assign_softmax, "incorrect", "You wrote in place"),
+    (check_luong_attention, luong_private_helper, "incorrect", "you called attn_course.alignment._weights_and_context"),
+    (check_luong_attention, luong_float64_result, "correct", "not NaN"),
+    (check_token_query_step, token_weights_no_grad, "incorrect", "no gradient reaches the attention's W, U, v"),
+    (check_token_query_step, token_private_helper, "correct", "token_in_query=True"),
 ]
 
 

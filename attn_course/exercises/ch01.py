@@ -7,8 +7,13 @@ forbidden where the exercise writes it (``forbid=("sdpa",)``), ``ac.shift_right`
 ``step`` and its attention module forbidden where the exercise rewrites them, inputs watched for
 changes in place, sizes unlike the notebook's (``other_sizes``, and one source position), left padding
 and a fully padded row (``padding_cases``), scores near +100 and rows alternating between about +100
-and -100 (``large_scores``), float64 inputs (a result must keep their dtype), one more case on another
-device (:func:`attn_course.exercises.other_device`), the exact dtype of token ids, and numpy integers accepted as token ids.
+and -100 (``large_scores``), padding that scores 112 above the real tokens (a softmax over all positions, zeroed
+and renormalised afterwards, underflows) and a real token scoring -3e9 (below a -1e9 fill), inputs that require grad
+(the results must carry gradients to them; exercise 4's logits to the attention's W, U and v), float64 inputs (a
+result must keep their dtype; a float64 result of float32 inputs passes, as in every chapter, and only half precision
+is rejected), one more case on another device (:func:`attn_course.exercises.other_device`), the exact dtype of token
+ids, and numpy integers accepted as token ids. The package's ``alignment._weights_and_context`` (the softmax and the
+weighted sum of its attention modules) is forbidden where the exercise writes the attention (1 and 2).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import copy
 import numpy as np
 import torch
 
-from ..alignment import AdditiveAttention, DotProductAttention
+from ..alignment import AdditiveAttention, DotProductAttention, _weights_and_context
 from ..rnn import AttentionDecoder, shift_right
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_sequence,
                expect_tensor, large_scores, other_device, other_sizes, padding_cases, padding_mask_for, randn,
@@ -68,6 +73,61 @@ def _keeps_dtype(got: torch.Tensor, inputs_dtype: torch.dtype, what: str) -> Non
                        "create (torch.zeros, torch.empty, torch.tensor, torch.full ...) is float32 unless you give "
                        "it the inputs' dtype and device (dtype= and device= from an input, or zeros_like, "
                        "new_zeros, full_like); or compute without making new tensors")
+
+
+def _trains_through(fn, inputs: dict, what: str, outputs=("context", "weights")) -> None:
+    """Call the answer on copies of ``inputs`` that require grad; each floating result must carry a gradient to
+    every floating input (a result made under torch.no_grad(), detached, or rebuilt from numpy or .item() cannot
+    be trained through, although its values are right)."""
+    if not torch.is_grad_enabled():
+        return
+    leaves = {name: (value.detach().clone().requires_grad_(True) if value.is_floating_point() else value)
+              for name, value in inputs.items()}
+    # Pass non-leaf copies, as a layer inside a model receives them (an in-place view op on a leaf that requires
+    # grad raises), and ask for the gradients at the leaves.
+    passed = [leaf.clone() if leaf.requires_grad else leaf for leaf in leaves.values()]
+    result = expect_sequence(call(fn, *passed), what=what, names=outputs)
+    floating = [leaf for leaf in leaves.values() if leaf.requires_grad]
+    names = [name for name, leaf in leaves.items() if leaf.requires_grad]
+    generator = rng(99)
+    for output, tensor in zip(outputs, result):
+        tensor = expect_tensor(tensor, what=f"{output} of {what}", dtype="float")
+        reached = []
+        if tensor.requires_grad:
+            weights = randn(*tensor.shape, generator=generator, dtype=tensor.dtype)  # a random direction
+            try:
+                grads = torch.autograd.grad((tensor * weights).sum(), floating, allow_unused=True, retain_graph=True)
+            except RuntimeError as error:  # the answer's graph cannot be run backwards
+                first = str(error).splitlines()[0]
+                raise Mismatch(f"{output} of {what}: right values, but backpropagating through them raised "
+                               f"RuntimeError: {first[:160]}. "
+                               + ("You wrote in place (w[...] = 0, masked_fill_, unsqueeze_ ...) into a tensor that "
+                                  "autograd saved for the backward pass (the softmax's output, or an input): build a "
+                                  "new tensor instead (masked_fill, torch.where, unsqueeze)"
+                                  if "inplace" in first else "A layer must be trained through")) from None
+            reached = [name for name, grad in zip(names, grads)
+                       if grad is not None and bool(grad.nan_to_num().abs().sum() > 0)]
+        missing = [name for name in names if name not in reached]
+        if missing:
+            how = ("it does not require grad" if not tensor.requires_grad else
+                   f"no gradient reaches {', '.join(missing)} through it")
+            raise Mismatch(f"{output} of {what}: right values, but nothing can be trained through them: {how}, so "
+                           "part of your computation ran under torch.no_grad() or was detached (.detach(), .item(), "
+                           "numpy, or torch.tensor(...) of a result). An attention layer is trained through: the "
+                           "gradient must reach the decoder state, the encoder states and the layer's parameters; "
+                           "only decoding at test time runs without gradients (the notebook's demonstration cells "
+                           "use torch.no_grad() because they train nothing)")
+
+
+def _low_precision_sums(w: torch.Tensor) -> bool:
+    """Row sums off from one by the rounding of float16 or bfloat16 (2 to 3 significant digits), not more."""
+    off = (w.sum(-1) - 1).abs()
+    return bool((off < 2e-2).all()) and bool((off > 1e-5).any())
+
+
+_LOW_PRECISION = ("each row must sum to one over the source positions, and yours are off by the rounding of half "
+                  "precision: did you compute the softmax in float16 or bfloat16 and cast the result back? Half "
+                  "precision keeps about 3 significant digits (bfloat16 about 2); compute in the inputs' dtype")
 
 
 def _call_float64(fn, *args, what: str):
@@ -175,6 +235,8 @@ def _general_values(general_attention, s, H, W_a, *, alternating: bool = False) 
         for mistake, wrong in _general_mistakes(s, H, W_a).items():
             if torch.allclose(w, wrong.double(), atol=1e-5, rtol=1e-4):
                 raise Mismatch(f"{what}: {mistake}")
+        if not _rows_sum_to_one(w) and _low_precision_sums(w):
+            raise Mismatch(f"{what}: {_LOW_PRECISION}; got row sums {[round(v, 4) for v in w.sum(-1).tolist()]}")
         if not _rows_sum_to_one(w):
             raise Mismatch(f"{what}: each row must sum to one over the source positions; got row sums "
                            f"{[round(v, 4) for v in w.sum(-1).tolist()]}. Did you return the scores, before the "
@@ -193,7 +255,7 @@ def _general_values(general_attention, s, H, W_a, *, alternating: bool = False) 
          "needs the dot product of that vector with each of its own S encoder states, which gives scores of "
          "shape (B, S); the softmax runs over the source positions, the last axis; the context is the weighted "
          "sum of the states over the source positions",
-    forbid=("sdpa",),
+    forbid=("sdpa", _weights_and_context),
 )
 def check_general_attention(general_attention) -> str:
     generator = rng(11)
@@ -222,6 +284,10 @@ def check_general_attention(general_attention) -> str:
     _general_values(general_attention, randn(3, 4, generator=generator, dtype=torch.float64),
                     randn(3, 5, 6, generator=generator, dtype=torch.float64),
                     randn(4, 6, generator=generator, dtype=torch.float64))
+    # Inputs that require grad: the context and the weights must carry a gradient to s, H and W_a.
+    _trains_through(general_attention, {"s": randn(3, 4, generator=generator), "H": randn(3, 5, 6, generator=generator),
+                                        "W_a": randn(4, 6, generator=generator)},
+                    "general_attention(s, H, W_a) for s, H and W_a that require grad")
     # Another device: the notebook's GPU, or the meta device.
     device = other_device()
     s, H, W_a = (randn(3, 4, generator=generator), randn(3, 5, 6, generator=generator),
@@ -255,7 +321,7 @@ def _tiny(values) -> list[str]:
          "padding positions (True in the mask) minus infinity before the softmax over the last axis, so that "
          "exp makes them exactly 0; a row that is all padding then comes out as 0/0 = NaN, which you replace by "
          "zeros (torch.nan_to_num, or a fill where the whole row is padding); use the mask as it is given",
-    forbid=("sdpa",),
+    forbid=("sdpa", _weights_and_context),
 )
 def check_luong_attention(luong_attention) -> str:
     generator = rng(12)
@@ -336,12 +402,36 @@ def check_luong_attention(luong_attention) -> str:
         expect_close(_context_shape(context, size.B, size.E, f"context with {label}"), expected_context,
                      what=f"context with {label}")
 
-    # 4. Scores near +100: exp overflows float32 without the max shift. In the second sentence a padding
-    # position scores far above the real ones: an epsilon in the denominator, next to the real tokens'
-    # tiny exps once the padding's maximum is subtracted, no longer divides by their sum.
+    # 6. Rows alternating between about +100 and -100, with padding on either side: one maximum for the
+    # whole batch leaves the low rows at exp(...) = 0.
+    s = randn(4, 5, generator=generator)
+    H = _states_with_scores(s, large_scores(4, 6, generator=generator), generator)
+    mask = torch.stack([padding_mask_for([6], 6)[0], padding_mask_for([4], 6)[0],
+                        padding_mask_for([3], 6, side="left")[0], padding_mask_for([5], 6, side="left")[0]])
+    label = "scores near +100 (first and third sentences) and near -100 (second and fourth)"
+    what, context, weights, expected_context, expected_weights = run(s, H, mask, label)
+    w = weights.detach().double()
+    if _wrong_low_rows(w, expected_weights):
+        raise Mismatch(f"{what}: {_ONE_MAX}")
+    expect(bool(torch.isfinite(w).all()),
+           f"{what}: your weights contain inf or NaN: exp(100) overflows float32. Use torch.softmax, or subtract "
+           "each row's maximum before exponentiating")
+    high = [round(v, 4) for v in w[0::2].sum(-1).tolist()]
+    expect(all(abs(v - 1) < 1e-4 for v in high),
+           f"{what}: the sentences whose scores are near +100 sum to {high}, not 1: exp(100) overflows float32 to inf, "
+           "and inf/inf is NaN (which nan_to_num turns into 0, hiding the overflow). Use torch.softmax, or subtract "
+           "each row's maximum before exponentiating")
+    expect_close(weights, expected_weights, what=what)
+    expect_close(context, expected_context, what=f"context with {label}")
+
+    # 4. Scores near +100: exp overflows float32 without the max shift. In the second sentence the padding
+    # scores about 112 above the real tokens: a softmax (or a maximum) taken over the padding too leaves the real
+    # tokens' exps at exp(-112), which underflows float32 to 0 (below about exp(-104)), so zeroing the padding
+    # afterwards and renormalising, or dividing by their sum plus an epsilon, cannot recover their weights.
     s = randn(2, 4, generator=generator)
-    H = randn(2, 6, 4, generator=generator)
-    s = s * (100.0 / float((H @ s[:, :, None]).max()))  # the largest score is +100
+    wanted = torch.tensor([[100.0, 97.0, 95.5, 99.0, 93.0, 98.5],  # all real: the largest score is +100
+                           [-12.0, -14.5, -13.0, 100.0, 99.0, 97.5]], dtype=torch.float64)  # three real, three padding
+    H = _states_with_scores(s, wanted, generator)
     mask = padding_mask_for([6, 3], 6)
     what, context, weights, expected_context, expected_weights = run(s, H, mask, "scores near 100")
     expect(bool(torch.isfinite(weights).all()),
@@ -355,13 +445,34 @@ def check_luong_attention(luong_attention) -> str:
     if not _rows_sum_to_one(weights):
         scores = (H.double() @ s.double()[:, :, None])[..., 0]  # (2, 6)
         gap = float(scores[1][mask[1]].max() - scores[1][~mask[1]].max())
-        raise Mismatch(f"{what}: your weights are finite, but the rows sum to {sums}, not 1. In the second row a "
-                       f"padding position scores {gap:.0f} above every real token: a maximum taken over the padding "
-                       f"too leaves the real tokens' exps tiny (about {np.exp(-gap):.0e}), and a small number added "
-                       "to their sum (such as 1e-12) is then no longer small. Fill the padding with -inf before the "
-                       "maximum, and divide by the exact sum (a row that is all padding is handled apart)")
+        raise Mismatch(f"{what}: your weights are finite, but the rows sum to {sums}, not 1. In the second row the "
+                       f"padding scores {gap:.0f} above every real token: a softmax, or a maximum taken over the "
+                       f"padding too, leaves the real tokens' exps at about exp(-{gap:.0f}), which float32 rounds to 0 "
+                       "(anything below about exp(-104) is 0). Zeroing the padding afterwards and renormalising, or "
+                       "dividing by their sum plus a small number (such as 1e-12), cannot bring them back. Fill the "
+                       "padding's scores with -inf before the softmax (before the maximum), and divide by the exact "
+                       "sum (a row that is all padding is handled apart)")
     expect_close(weights, expected_weights, what=what)
     expect_close(context, expected_context, what="context with scores near 100")
+
+    # 4b. A real token that scores below -1e9: a large finite fill is an ordinary score, and this one sentence's
+    # only real token scores under it. The course fills with -inf (STYLE.md: never -1e9).
+    s = randn(2, 4, generator=generator)
+    wanted = torch.tensor([[-3e9, 0.5, -0.5, 1.0], [1.0, -2.0, 0.5, 3.0]], dtype=torch.float64)
+    H = _states_with_scores(s, wanted, generator)
+    mask = padding_mask_for([1, 3], 4)
+    label = "a real token that scores about -3e9"
+    what, context, weights, expected_context, expected_weights = run(s, H, mask, label)
+    w = weights.detach().double()
+    if bool(torch.isfinite(w[0]).all()) and float(w[0, 1:].sum()) > 0.5:
+        raise Mismatch(f"{what}: the first sentence's only real token scores about -3e9 and got weight "
+                       f"{float(w[0, 0]):.2f}; the padding got the rest. A large finite fill such as -1e9 is an "
+                       "ordinary score, and a real token can score below it (this course never fills with -1e9: "
+                       "it also overflows float16, whose lowest number is -65504). Fill the padding's scores with "
+                       "float('-inf'), or with torch.finfo(scores.dtype).min")
+    expect_close(weights, expected_weights, what=what)
+    expect_close(_context_shape(context, 2, 4, f"context with {label}"), expected_context,
+                 what=f"context with {label}")
 
     # 5. One source position (real in the first sentence, padding in the second), and float64 inputs, whose
     # dtype the result keeps.
@@ -378,24 +489,14 @@ def check_luong_attention(luong_attention) -> str:
             _keeps_dtype(context, s.dtype, f"context with {label}")
         expect_close(context, expected_context, what=f"context with {label}")
 
-    # 6. Rows alternating between about +100 and -100, with padding on either side: one maximum for the
-    # whole batch leaves the low rows at exp(...) = 0.
-    s = randn(4, 5, generator=generator)
-    H = _states_with_scores(s, large_scores(4, 6, generator=generator), generator)
-    mask = torch.stack([padding_mask_for([6], 6)[0], padding_mask_for([4], 6)[0],
-                        padding_mask_for([3], 6, side="left")[0], padding_mask_for([5], 6, side="left")[0]])
-    label = "scores near +100 (first and third sentences) and near -100 (second and fourth)"
-    what, context, weights, expected_context, expected_weights = run(s, H, mask, label)
-    w = weights.detach().double()
-    if _wrong_low_rows(w, expected_weights):
-        raise Mismatch(f"{what}: {_ONE_MAX}")
-    expect(bool(torch.isfinite(w).all()),
-           f"{what}: your weights contain inf or NaN: exp(100) overflows float32. Use torch.softmax, or subtract "
-           "each row's maximum before exponentiating")
-    expect_close(weights, expected_weights, what=what)
-    expect_close(context, expected_context, what=f"context with {label}")
+    # 7. Inputs that require grad (padding on either side, no empty row): the context and the weights must
+    # carry a gradient to s and H.
+    _trains_through(luong_attention, {"s": randn(3, 4, generator=generator), "H": randn(3, 5, 4, generator=generator),
+                                      "padding_mask": torch.stack([padding_mask_for([5], 5)[0], padding_mask_for([3], 5)[0],
+                                                                   padding_mask_for([2], 5, side="left")[0]])},
+                    "luong_attention(s, H, padding_mask) for s and H that require grad")
 
-    # 7. Another device: the notebook's GPU, or the meta device.
+    # 8. Another device: the notebook's GPU, or the meta device.
     device = other_device()
     s, H = randn(3, 4, generator=generator), randn(3, 5, 4, generator=generator)
     mask = padding_mask_for([5, 3, 0], 5)
@@ -589,6 +690,23 @@ def check_token_query_step(token_query_step) -> str:
                    f"logits for {shapes}: right values, but nothing can be trained through them: they do not "
                    "require grad, so your step ran under torch.no_grad() (or detached them). A decoder step is "
                    "trained through; only decoding at test time runs without gradients")
+        if torch.is_grad_enabled() and S > 1:
+            # The alignment model must learn too: a gradient from the logits must reach W, U and v (with one
+            # source position every weight is 1, and none does).
+            layers = {"W": decoder.attention.W.weight, "U": decoder.attention.U.weight, "v": decoder.attention.v.weight}
+            direction = randn(*logits.shape, generator=generator, dtype=logits.dtype)
+            try:
+                grads = torch.autograd.grad((logits * direction).sum(), list(layers.values()), allow_unused=True,
+                                            retain_graph=True)
+            except RuntimeError as error:
+                raise Mismatch(f"logits for {shapes}: right values, but backpropagating through them raised "
+                               f"RuntimeError: {str(error).splitlines()[0][:160]}") from None
+            missing = [name for name, grad in zip(layers, grads) if grad is None or not bool(grad.abs().sum() > 0)]
+            expect(not missing,
+                   f"logits for {shapes}: right values, but no gradient reaches the attention's "
+                   f"{', '.join(missing)}: the weights were computed under torch.no_grad() or detached, so the "
+                   "alignment model would never learn where to look. Only the finished step's outputs leave the "
+                   "graph, and only at test time")
     # Another device: the notebook's GPU, or the meta device.
     device = other_device()
     decoder = _token_decoder(5, 8, 6, generator)
