@@ -60,6 +60,9 @@ class RecallModel(nn.Module):
             gives each position its own token only.
         chunk_size: the delta rule's chunk length (the chunkwise form; the same numbers as the
             recurrence, fewer sequential steps).
+        feature_map, normalize: for ``"linear"`` only, passed to
+            :class:`~attn_course.LinearAttention` (default ``"elu+1"``, normalised; ``"identity"``
+            gives signed features without the normaliser).
 
     Shape:
         - tokens: ``(B, T)`` integer ids in ``[0, V)`` -> logits ``(B, T, V)``, or ``(B, last, V)`` with
@@ -67,7 +70,8 @@ class RecallModel(nn.Module):
     """
 
     def __init__(self, vocab_size: int, attention: str, *, d_model: int = 64, num_heads: int = 1,
-                 qk_head_dim: int = 8, token_shift: bool = True, chunk_size: int = 32) -> None:
+                 qk_head_dim: int = 8, token_shift: bool = True, chunk_size: int = 32,
+                 feature_map="elu+1", normalize: bool | None = None) -> None:
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         _check_attention(attention)
@@ -76,6 +80,8 @@ class RecallModel(nn.Module):
         check_positive_int("qk_head_dim", qk_head_dim)
         check_bool("token_shift", token_shift)
         check_positive_int("chunk_size", chunk_size)
+        if attention != "linear" and (not (isinstance(feature_map, str) and feature_map == "elu+1") or normalize is not None):
+            raise ValueError(f"feature_map and normalize apply to attention='linear' only, got attention={attention!r}")
         if d_model % num_heads != 0:
             raise ValueError(f"num_heads must divide d_model, got d_model={d_model} and num_heads={num_heads}")
         self.vocab_size, self.attention_kind, self.token_shift = vocab_size, attention, token_shift
@@ -86,7 +92,8 @@ class RecallModel(nn.Module):
         if attention == "softmax":
             self.attention = MultiHeadAttention(d_model, num_heads, qk_head_dim=qk_head_dim, backend="sdpa")
         elif attention == "linear":
-            self.attention = LinearAttention(d_model, num_heads, qk_head_dim=qk_head_dim)
+            self.attention = LinearAttention(d_model, num_heads, feature_map=feature_map, normalize=normalize,
+                                             qk_head_dim=qk_head_dim)
         else:
             self.attention = DeltaNetAttention(d_model, num_heads, use_gate=attention == "gated_delta",
                                                qk_head_dim=qk_head_dim, chunk_size=chunk_size)
@@ -145,7 +152,8 @@ def train_recall(attention: str, num_pairs: int, *, steps: int = 300, batch_size
             left as it was).
         device: where to train (default: the CPU).
         **model_options: passed to :class:`RecallModel` (``d_model``, ``num_heads``,
-            ``qk_head_dim``, ``token_shift``, ``chunk_size``).
+            ``qk_head_dim``, ``token_shift``, ``chunk_size``, and for ``"linear"`` ``feature_map`` and
+            ``normalize``).
 
     Returns:
         The trained model, in eval mode.

@@ -101,6 +101,16 @@ def test_softmax_attention_learns_a_few_pairs():
     assert recall_accuracy(model, 2, num_keys=8, num_values=8, num_sequences=200) > 0.9
 
 
+def test_linear_feature_map_and_normaliser_are_passed_on():
+    signed = RecallModel(VOCAB, "linear", d_model=16, qk_head_dim=4, feature_map="identity")
+    assert signed.attention.feature_map == "identity" and signed.attention.normalize is False
+    default = RecallModel(VOCAB, "linear", d_model=16, qk_head_dim=4)
+    assert default.attention.feature_map == "elu+1" and default.attention.normalize is True
+    torch.manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (2, 6))
+    assert signed(tokens).shape == (2, 6, VOCAB)
+
+
 def test_exported():
     assert ac.RecallModel is RecallModel and ac.train_recall is train_recall and ac.recall_accuracy is recall_accuracy
 
@@ -110,6 +120,9 @@ def test_exported():
     (lambda: RecallModel(VOCAB, "linear", d_model=10, num_heads=3), ValueError, "num_heads must divide d_model"),
     (lambda: RecallModel(VOCAB, "linear", qk_head_dim=0), ValueError, "qk_head_dim"),
     (lambda: RecallModel(VOCAB, "linear", token_shift=1), TypeError, "token_shift"),
+    (lambda: RecallModel(VOCAB, "delta", feature_map="identity"), ValueError, "attention='linear' only"),
+    (lambda: RecallModel(VOCAB, "softmax", normalize=False), ValueError, "attention='linear' only"),
+    (lambda: RecallModel(VOCAB, "linear", feature_map="identity", normalize=True), ValueError, "normalize"),
     (lambda: RecallModel(VOCAB, "linear")(torch.zeros(1, 3)), TypeError, "integer ids"),
     (lambda: RecallModel(VOCAB, "linear")(torch.tensor([[0, VOCAB]])), ValueError, r"ids in \[0, 16\)"),
     (lambda: RecallModel(VOCAB, "linear")(torch.tensor([[0, 1]]), last=0), ValueError, "last"),
