@@ -55,7 +55,7 @@ class RecallModel(nn.Module):
         d_model: model width ``E``.
         num_heads: heads ``H``.
         qk_head_dim: width ``D_k`` of each head's queries and keys. For the linear kinds the state
-            of a head is ``(D_k, E / H)``, so ``D_k`` sets how many pairs it can keep apart.
+            of a head is ``(D_k, E / H)``, so ``D_k`` bounds how many pairs it can read back exactly.
         token_shift: add the embedding of the previous token (see the module docstring); False
             gives each position its own token only.
         chunk_size: the delta rule's chunk length (the chunkwise form; the same numbers as the
