@@ -2,6 +2,7 @@
 each plausible wrong answer is rejected with a message that names the mistake, crashes are reported
 without a traceback, and the untouched scaffold counts as not attempted."""
 
+import functools
 import math
 
 import pytest
@@ -36,20 +37,21 @@ def update(running_max, running_sum, block, rescale=True, axis=-1, global_max=Fa
 
 
 def causal_tile(query_tile, keys, values, first_query, block_size, mask=True, skip=True, strict=False,
-                from_zero=False, scale=True, normalise=True, stable=True):
+                from_zero=False, scale=True, normalise=True, stable=True, early=False):
     Lb, D = query_tile.shape
-    m = torch.full((Lb, 1), float("-inf"), dtype=query_tile.dtype)  # (Lb, 1)
-    l = torch.zeros(Lb, 1, dtype=query_tile.dtype)
-    acc = torch.zeros(Lb, values.size(1), dtype=query_tile.dtype)  # (Lb, Dv)
-    positions = first_query + torch.arange(Lb)[:, None] - (first_query if from_zero else 0)  # (Lb, 1)
+    kw = dict(dtype=query_tile.dtype, device=query_tile.device)
+    m = torch.full((Lb, 1), float("-inf"), **kw)  # (Lb, 1)
+    l = torch.zeros(Lb, 1, **kw)
+    acc = torch.zeros(Lb, values.size(1), **kw)  # (Lb, Dv)
+    positions = first_query + torch.arange(Lb, device=query_tile.device)[:, None] - (first_query if from_zero else 0)
     last = first_query + Lb - 1
     tiles = 0
     for k_start in range(0, keys.size(0), block_size):
-        if skip and k_start > last:
+        if skip and (k_start >= last if early else k_start > last):
             break
         tiles += 1
         scores = query_tile @ keys[k_start:k_start + block_size].T / (math.sqrt(D) if scale else 1.0)  # (Lb, Sb)
-        key_positions = k_start + torch.arange(scores.size(1))[None, :]
+        key_positions = k_start + torch.arange(scores.size(1), device=scores.device)[None, :]
         if mask:
             blocked = key_positions >= positions if strict else key_positions > positions
             scores = scores.masked_fill(blocked, float("-inf"))
@@ -131,7 +133,7 @@ def cache_attention_step(query, key, value, cache_keys, cache_values, length, *,
         keys = torch.cat([cache_keys[:, :, :length], key], dim=2)
         values = torch.cat([cache_values[:, :, :length], value], dim=2)
         S = length + T
-    allowed = ac.causal_mask(T, S, align=align) if mask else None  # (T, S), True = may attend
+    allowed = ac.causal_mask(T, S, align=align, device=query.device) if mask else None  # (T, S), True = may attend
     if inverted:
         allowed = ~allowed
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, scale=None if scale else 1.0)
@@ -144,8 +146,8 @@ def cache_step_by_hand(query, key, value, cache_keys, cache_values, length):
     cache_values[:, :, length:length + T] = value
     keys, values = cache_keys[:, :, :length + T], cache_values[:, :, :length + T]
     scores = query @ keys.transpose(-2, -1) / math.sqrt(D)  # (B, H, T, S)
-    key_position = torch.arange(length + T)
-    query_position = length + torch.arange(T)
+    key_position = torch.arange(length + T, device=query.device)
+    query_position = length + torch.arange(T, device=query.device)
     blocked = key_position[None, :] > query_position[:, None]  # (T, S): True = a later token
     return scores.masked_fill(blocked, float("-inf")).softmax(dim=-1) @ values  # (B, H, T, D)
 
@@ -188,13 +190,14 @@ def causal_tile_by_ceil(query_tile, keys, values, first_query, block_size):
     """Another right answer: the number of tiles computed first, a tensor count, the mask built with where."""
     Lb, D = query_tile.shape
     count = min(-(-(first_query + Lb) // block_size), -(-keys.size(0) // block_size))
-    state = [torch.full((Lb,), float("-inf"), dtype=query_tile.dtype), torch.zeros(Lb, dtype=query_tile.dtype),
-             torch.zeros(Lb, values.size(1), dtype=query_tile.dtype)]
+    kw = dict(dtype=query_tile.dtype, device=query_tile.device)
+    state = [torch.full((Lb,), float("-inf"), **kw), torch.zeros(Lb, **kw), torch.zeros(Lb, values.size(1), **kw)]
     for tile in range(count):
         ks = slice(tile * block_size, (tile + 1) * block_size)
         s = torch.einsum("qd,kd->qk", query_tile, keys[ks]) / D ** 0.5
-        visible = torch.arange(ks.start, ks.start + s.size(1))[None, :] <= first_query + torch.arange(Lb)[:, None]
-        s = torch.where(visible, s, torch.tensor(float("-inf"), dtype=s.dtype))
+        visible = (torch.arange(ks.start, ks.start + s.size(1), device=s.device)[None, :]
+                   <= first_query + torch.arange(Lb, device=s.device)[:, None])
+        s = torch.where(visible, s, torch.tensor(float("-inf"), dtype=s.dtype, device=s.device))
         m = torch.maximum(state[0], s.max(dim=1).values)
         c = torch.exp(state[0] - m)
         p = torch.exp(s - m[:, None])
@@ -245,9 +248,8 @@ def causal_tile_reads_every_tile(query_tile, keys, values, first_query, block_si
 def causal_tile_elementwise(query_tile, keys, values, first_query, block_size):
     """Another right answer: the loop with products written as broadcast multiplications and sums (no matmul)."""
     Lb, D = query_tile.shape
-    m = torch.full((Lb,), float("-inf"), dtype=query_tile.dtype)
-    l = torch.zeros(Lb, dtype=query_tile.dtype)
-    acc = torch.zeros(Lb, values.size(1), dtype=query_tile.dtype)
+    kw = dict(dtype=query_tile.dtype, device=query_tile.device)
+    m, l, acc = torch.full((Lb,), float("-inf"), **kw), torch.zeros(Lb, **kw), torch.zeros(Lb, values.size(1), **kw)
     tiles = 0
     for start in range(0, first_query + Lb, block_size):
         if start >= keys.size(0):
@@ -255,7 +257,8 @@ def causal_tile_elementwise(query_tile, keys, values, first_query, block_size):
         tiles += 1
         k, v = keys[start:start + block_size], values[start:start + block_size]
         s = (query_tile[:, None, :] * k[None, :, :]).sum(-1) / math.sqrt(D)  # (Lb, Sb)
-        s = s.masked_fill(start + torch.arange(k.size(0))[None, :] > first_query + torch.arange(Lb)[:, None], float("-inf"))
+        arange = functools.partial(torch.arange, device=s.device)
+        s = s.masked_fill(start + arange(k.size(0))[None, :] > first_query + arange(Lb)[:, None], float("-inf"))
         new = torch.maximum(m, s.amax(1))
         p, c = torch.exp(s - new[:, None]), torch.exp(m - new)
         l, acc, m = l * c + p.sum(1), acc * c[:, None] + (p[:, :, None] * v[None]).sum(1), new
@@ -266,6 +269,69 @@ def test_other_right_answers_pass_for_exercises_1_and_2():
     assert check_causal_tile_attention(causal_tile_elementwise), str(check_causal_tile_attention(causal_tile_elementwise))
     assert check_online_softmax_update(update_logsumexp), str(check_online_softmax_update(update_logsumexp))
     assert check_causal_tile_attention(causal_tile_by_ceil), str(check_causal_tile_attention(causal_tile_by_ceil))
+
+
+def update_unshifted_float64(running_max, running_sum, block):
+    """Wrong (second review): no max shift at all, exponentials of raw scores in float64, cast back: e^100 fits
+    in float64, so the float32 stream near 100 passed; exp(1000) does not."""
+    new_max = torch.maximum(running_max, block.amax(dim=-1))
+    total = running_sum.double() * torch.exp(running_max.double()) + torch.exp(block.double()).sum(-1)
+    return new_max, (total / torch.exp(new_max.double())).to(block.dtype)
+
+
+def update_float64_result(running_max, running_sum, block):
+    """Right formulas, float64 result for float32 inputs: passes, by the course's dtype policy (as does the reverse)."""
+    return update(running_max.double(), running_sum.double(), block.double())
+
+
+def causal_tile_broadcast(query_tile, keys, values, first_query, block_size):
+    """Wrong (second review): no loop, every visible score at once by broadcasting (no matrix product to count)."""
+    Lb, D = query_tile.shape
+    tiles = min(math.ceil((first_query + Lb) / block_size), math.ceil(keys.size(0) / block_size))
+    S = first_query + Lb
+    s = (query_tile[:, None] * keys[:S][None]).sum(-1) / math.sqrt(D)  # (Lb, S)
+    arange = functools.partial(torch.arange, device=s.device)
+    s = s.masked_fill(arange(S)[None] > first_query + arange(Lb)[:, None], float("-inf"))
+    p = torch.exp(s - s.amax(1, keepdim=True))
+    return (p[:, :, None] * values[:S][None]).sum(1) / p.sum(1, keepdim=True), tiles
+
+
+def causal_tile_per_row(query_tile, keys, values, first_query, block_size):
+    """Wrong (second review): no tile loop, one product per query row over all its keys (enough products)."""
+    Lb, D = query_tile.shape
+    tiles = min(math.ceil((first_query + Lb) / block_size), math.ceil(keys.size(0) / block_size))
+    rows = []
+    for i in range(Lb):
+        s = keys[:first_query + i + 1] @ query_tile[i] / math.sqrt(D)
+        p = torch.exp(s - s.max())
+        rows.append(p @ values[:first_query + i + 1] / p.sum())
+    return torch.stack(rows), tiles
+
+
+def causal_tile_fixed_device(query_tile, keys, values, first_query, block_size):
+    """Wrong on a GPU (second review): m, l, acc and the positions made without device=."""
+    Lb, D = query_tile.shape
+    m = torch.full((Lb, 1), float("-inf"), dtype=query_tile.dtype)
+    l, acc = torch.zeros(Lb, 1, dtype=query_tile.dtype), torch.zeros(Lb, values.size(1), dtype=query_tile.dtype)
+    tiles = 0
+    for start in range(0, min(keys.size(0), first_query + Lb), block_size):
+        tiles += 1
+        s = query_tile @ keys[start:start + block_size].T / math.sqrt(D)
+        s = s.masked_fill(start + torch.arange(s.size(1))[None] > first_query + torch.arange(Lb)[:, None], float("-inf"))
+        new = torch.maximum(m, s.amax(1, keepdim=True))
+        p, c = torch.exp(s - new), torch.exp(m - new)
+        l, acc, m = l * c + p.sum(1, keepdim=True), acc * c + p @ values[start:start + block_size], new
+    return acc / l, tiles
+
+
+def merge_float32(state_a, state_b):
+    """Right, float32 result of float64 states: passes, by the course's dtype policy."""
+    return tuple(x.float() for x in merge(state_a, state_b))
+
+
+def test_the_dtype_policy_of_exercises_1_and_3():
+    assert check_online_softmax_update(update_float64_result), str(check_online_softmax_update(update_float64_result))
+    assert check_merge_states(merge_float32), str(check_merge_states(merge_float32))
 
 
 def test_the_question_is_part_of_exercise_3():
@@ -290,6 +356,15 @@ def test_the_question_is_part_of_exercise_3():
         (check_online_softmax_update, lambda m, s, b: (torch.maximum(m, b.amax(-1)),
                                                        (s * torch.exp(m) + torch.exp(b).sum(-1)) * torch.exp(-torch.maximum(m, b.amax(-1)))),
          "overflows float32"),  # the review's accepted answer: right in exact arithmetic, inf near 100
+        (check_online_softmax_update, update_unshifted_float64, "overflows even float64"),
+        (check_online_softmax_update, lambda m, s, b: tuple(x.double() for x in update_unshifted_float64(m, s, b)),
+         "overflows even float64"),
+        # exercise 2 (second review): no loop by broadcasting, one product per query row, a fixed device, and the
+        # loop stopped one tile early (named, not taken for a NaN of blocked keys)
+        (check_causal_tile_attention, causal_tile_broadcast, "all at once (by broadcasting, or one query row"),
+        (check_causal_tile_attention, causal_tile_per_row, "all at once"),
+        (check_causal_tile_attention, causal_tile_fixed_device, "the meta device"),
+        (check_causal_tile_attention, lambda *a: causal_tile(*a, early=True), "your loop stops too early"),
         (check_online_softmax_update, lambda m, s, b: (torch.maximum(m, b.amax(-1)),
                                                        s * torch.exp(torch.maximum(m, b.amax(-1)) - m)
                                                        + torch.exp(b - torch.maximum(m, b.amax(-1))[:, None]).sum(-1)),
@@ -419,8 +494,18 @@ def test_more_wrong_cache_steps():
     def wrong_shape(q, k, v, ck, cv, n):
         return cache_attention_step(q, k, v, ck, cv, n).transpose(1, 2)
 
+    def float64_result(q, k, v, ck, cv, n):  # right values, converted (second review: the check cast it first)
+        return cache_attention_step(q, k, v, ck, cv, n).double()
+
+    def fixed_device(q, k, v, ck, cv, n):  # the mask made on the CPU (second review)
+        T = q.size(2)
+        ck[:, :, n:n + T], cv[:, :, n:n + T] = k, v
+        allowed = ac.causal_mask(T, n + T, align="bottom_right")
+        return F.scaled_dot_product_attention(q, ck[:, :, :n + T], cv[:, :, :n + T], attn_mask=allowed)
+
     for answer, text in ((swapped, "keys go to cache_keys"), (one_too_far, "should hold the keys"),
-                         (wrong_shape, "expected shape")):
+                         (wrong_shape, "expected shape"), (float64_result, "torch.float64 for torch.float32 inputs"),
+                         (fixed_device, "the meta device")):
         feedback = check_cache_attention_step(answer)
         assert feedback.status == "incorrect", str(feedback)
         assert text in feedback.message, feedback.message

@@ -5,8 +5,10 @@ names the mistake when it recognises one; the table of those mistakes is in
 tests/test_exercises_ch08.py. They use the shared mechanism of ``attn_course.exercises``: library
 softmaxes and attention forbidden where the exercise asks for the loop itself, inputs watched for
 changes in place (the cache buffers of exercise 5 are ``mutable``), results' kind of dtype and
-device, sizes unlike the notebook's and scores near 100 in float32 (``large_scores``), where an
-online softmax without its max shift overflows.
+device, sizes unlike the notebook's, scores near 100 in float32 (``large_scores``) and near 1000 in
+float64, where an online softmax without its max shift overflows, and one case of exercises 2 and 5 on
+another device (``other_device``: the notebook's GPU, else the meta device). Exercise 2 also counts the
+matrix products and the exponentials of the answer: a loop over k tiles takes at least k of the latter.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..masks import causal_mask
-from . import (Mismatch, attempted, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor,
-               large_scores, mutable, randn, rng)
+from . import (Mismatch, attempted, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_number,
+               expect_on_device, expect_tensor, large_scores, mutable, other_device, randn, rng, tolerance)
 
 __all__ = [
     "check_online_softmax_update",
@@ -82,7 +84,8 @@ def check_online_softmax_update(update) -> str:
     streams = [("3 rows of 10 scores in blocks of 3", scores, 3),
                ("1 row of 7 scores in blocks of 1", randn(1, 7, generator=generator, dtype=torch.float64), 1),
                ("5 rows of 9 scores in blocks of 4", randn(5, 9, generator=generator, dtype=torch.float64, scale=2.0), 4),
-               ("4 rows of 8 float32 scores near +100 and -100, in blocks of 3", large_scores(4, 8, generator=generator), 3)]
+               ("4 rows of 8 float32 scores near +100 and -100, in blocks of 3", large_scores(4, 8, generator=generator), 3),
+               ("4 rows of 8 float64 scores near +1000 and -1000, in blocks of 3", _near_1000(generator), 3)]
     for description, rows, size in streams:
         what = f"update(...) on a stream of {description}"
         R = rows.size(0)
@@ -91,18 +94,33 @@ def check_online_softmax_update(update) -> str:
             state = _pair(call(update, state[0], state[1], rows[:, start:start + size]), what)
         final_max = expect_tensor(state[0], what=f"{what}: the final running maximum", shape=(R,), dtype="float")
         final_sum = expect_tensor(state[1], what=f"{what}: the final running sum", shape=(R,), dtype="float")
-        if not bool(torch.isfinite(final_sum).all()):
-            raise Mismatch(f"{what}: your sums became inf or NaN. "
+        if not bool(torch.isfinite(final_sum).all()) or not bool((final_sum > 0).all()):
+            huge = rows.abs().amax() > 500  # the float64 stream near +-1000
+            raise Mismatch(f"{what}: your sums became {'0, ' if bool((final_sum == 0).any()) else ''}inf or NaN. "
                            + ("With scores near 100, exp(score) overflows float32 (above exp(88.7)): never "
                               "exponentiate a score or a maximum alone, only differences to the new maximum, which are "
                               "at most 0" if rows.dtype == torch.float32 else
+                              "With scores near 1000, exp(score) overflows even float64 (above exp(709)) and exp(-1000) "
+                              "underflows to 0: computing in float64 does not replace the max shift. Never exponentiate "
+                              "a score or a maximum alone, only differences to the new maximum, which are at most 0"
+                              if huge else
                               "Starting from running_max = -inf and running_sum = 0, exp(-inf - new_max) must give 0"))
         expect_close(final_max, rows.amax(dim=-1), what=f"{what}: the final running maximum")
         expect_close(torch.log(final_sum.double()) + final_max.double(), torch.logsumexp(rows.double(), dim=-1),
                      what=f"{what}: max + log(sum) after all blocks (it must equal torch.logsumexp)",
-                     atol=1e-4 if rows.dtype == torch.float32 else None)  # float32: log of a sum of up to 8 terms
+                     atol=1e-4 if rows.dtype == torch.float32 else (1e-3 if final_sum.dtype == torch.float32 else None))
+        # float32 (inputs or a float32 result of float64 ones, which passes): log of a sum of up to 8 terms near 1000
     return ("streaming the blocks through your update gives the exact softmax normaliser (torch.logsumexp), also for "
-            "float32 scores near 100.")
+            "float32 scores near 100 and float64 scores near 1000.")
+
+
+def _near_1000(generator) -> torch.Tensor:
+    """(4, 8) float64 scores: rows near +1000 and -1000, where exp(score) overflows or underflows float64."""
+    rows = randn(4, 8, generator=generator, dtype=torch.float64, scale=3.0)
+    rows[0::2] += 1000.0
+    rows[1::2] -= 1000.0
+    rows[2, 5] += 20.0  # a late maximum
+    return rows
 
 
 def _causal_rows(query_tile, keys, values, first_query: int, block_size: int = 1, *, mask: str = "causal",
@@ -184,6 +202,25 @@ class _CountProducts(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+_EXPONENTIALS = {"exp", "exp2", "expm1", "logsumexp", "logaddexp", "logaddexp2", "sigmoid", "special_exp2",
+                 "special_expm1", "special_logsumexp", "pow", "float_power"}
+
+
+class _CountExponentials(TorchFunctionMode):
+    """Counts the torch calls that exponentiate (exp and its relatives, any route, by name) while it is in force:
+    a loop over k tiles exponentiates each tile's scores, so at least k of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name.rstrip("_") in _EXPONENTIALS or name.lstrip("_").rstrip("_") in ("pow", "rpow"):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _unwritten_after(tensor: torch.Tensor, start: int) -> torch.Tensor:
     """A copy of ``tensor`` whose rows from ``start`` on are NaN, as memory that no one wrote would be."""
     poisoned = tensor.clone()
@@ -209,6 +246,7 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         ("tiles of one key", 2, 6, 4, 3, 2, 1, torch.float64, 1.0),
         ("one tile larger than the sequence", 3, 7, 4, 3, 4, 16, torch.float64, 1.0),
         ("float32 scores near 100", 4, 12, 8, 5, 6, 4, torch.float32, 12.0),
+        ("one query late in the sequence, six tiles of 2 keys to read", 1, 14, 4, 3, 10, 2, torch.float64, 1.0),
     ]
     for description, Lb, S, D, Dv, first_query, block_size, dtype, key_scale in cases:
         query_tile = randn(Lb, D, generator=generator, dtype=dtype, scale=key_scale)
@@ -227,12 +265,21 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         tiles_read = expect_int(result[1], what=f"{what}: tiles_read")
         expected = _causal_rows(query_tile, keys, values, first_query)
         got = output.detach().double()
+        needed = min(math.ceil((first_query + Lb) / block_size), math.ceil(S / block_size))
+        if (torch.isnan(got).any() or torch.isinf(got).any()) and dtype == torch.float64 and tiles_read < needed:
+            raise Mismatch(f"{what}: your output holds NaN or inf, and tiles_read = {tiles_read} where the queries up to "
+                           f"position {first_query + Lb - 1} need {needed}: your loop stops too early. A tile that starts "
+                           "at or before the last query's position holds keys that query sees; stop only at a tile that "
+                           "starts *after* it. A query none of whose visible keys was read keeps l = 0, and acc / l is "
+                           "NaN.")
         if torch.isnan(got).any() or torch.isinf(got).any():
             raise Mismatch(f"{what}: your output holds NaN or inf"
                            + (": with scores near 100, exp(score) overflows float32; exponentiate only differences "
                               "to the running maximum" if dtype == torch.float32 else
                               ": a query that has seen only blocked keys so far has maximum -inf, and "
-                              "exp(-inf - (-inf)) is NaN; read the tiles in order, so that key 0, which every query "
+                              "exp(-inf - (-inf)) is NaN. Exponentiate a tile's scores against the running maximum "
+                              "(finite once key 0 is read), not the tile's own maximum, which is -inf for a query that "
+                              "sees none of the tile's keys; read the tiles in order, so that key 0, which every query "
                               "sees, comes first"))
         if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
             for options, message in _LOOP_MISTAKES:
@@ -244,7 +291,6 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                 if torch.allclose(got, variant, atol=1e-5, rtol=1e-4) and not torch.allclose(variant, expected, atol=1e-5):
                     raise Mismatch(f"{what}: {message}")
         expect_close(output, expected.to(dtype), what=f"{what}: output (causal attention of the tile's queries)")
-        needed = min(math.ceil((first_query + Lb) / block_size), math.ceil(S / block_size))
         if tiles_read == math.ceil(S / block_size) and needed < tiles_read:
             raise Mismatch(f"{what}: tiles_read = {tiles_read}, every key tile; the tiles that start after the last query "
                            f"(position {first_query + Lb - 1}) are all blocked: skip them, and read only {needed}")
@@ -255,7 +301,7 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         # them, even with a weight of 0 (0 x NaN = NaN), returns NaN. Meanwhile, count its matrix products.
         unread = needed * block_size
         poisoned = (_unwritten_after(keys, unread), _unwritten_after(values, unread)) if unread < S else (keys, values)
-        with _CountProducts() as products:
+        with _CountProducts() as products, _CountExponentials() as exponentials:
             again = call(causal_tile_attention, query_tile, *poisoned, first_query, block_size)
         again = expect_tensor(again[0] if isinstance(again, (tuple, list)) else again,
                               what=f"{what}: output", shape=(Lb, Dv), dtype="float")
@@ -268,6 +314,26 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
             raise Mismatch(f"{what}: your answer computed the scores of the {needed} key tiles it needs with "
                            f"{products.count} matrix product(s), so all at once rather than one tile after another. "
                            "The loop is the exercise: read one tile of keys at a time and fold it into m, l and acc.")
+        if exponentials.count < needed:
+            raise Mismatch(f"{what}: your answer took exponentials {exponentials.count} time(s) for the {needed} key "
+                           "tiles it needs, so it weighed their scores all at once (by broadcasting, or one query row "
+                           "at a time over all its keys), not one tile after another. The loop is the exercise: read "
+                           "one tile of keys at a time, exponentiate its scores against the running maximum and fold "
+                           "them into m, l and acc.")
+    # Another device: the notebook's GPU, or the meta device (m, l or acc made without device= is named).
+    device = other_device()
+    query_tile, keys, values = (randn(*shape, generator=generator, dtype=torch.float32) for shape in ((3, 4), (9, 4), (9, 2)))
+    shown = (f"causal_tile_attention(query_tile, keys, values, first_query=4, block_size=3) with the inputs on the "
+             f"{device.type} device")
+    result = call_elsewhere(causal_tile_attention, *(x.to(device) for x in (query_tile, keys, values)), 4, 3,
+                            device=device, what=shown)
+    if result is not None:
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise Mismatch(f"{shown}: return a pair (output, tiles_read); got {type(result).__name__}")
+        output = expect_on_device(result[0], device, f"{shown}: output", dtype="float")
+        expect_tensor(output, what=f"{shown}: output", shape=(3, 2))
+        if device.type != "meta":
+            expect_close(output, _causal_rows(query_tile, keys, values, 4).float().to(device), what=f"{shown}: output")
     return ("your loop gives causal attention exactly, reads only the key tiles a query can see, and stays finite on "
             "float32 scores near 100: FlashAttention's inner loop, with its causal tile skipping.")
 
@@ -356,9 +422,11 @@ def check_merge_states(merge) -> str:
 def _merged(merge, a, b, what: str, R: int, Dv: int):
     """The student's merge of states a and b, as float64 (m, l, acc) of the expected shapes."""
     got = _triple(call(merge, a, b), what)
-    m = expect_tensor(got[0], what=f"{what}: m", shape=(R,)).detach().double()
-    l = expect_tensor(got[1], what=f"{what}: l", shape=(R,)).detach().double()
-    acc = expect_tensor(got[2], what=f"{what}: acc", shape=(R, Dv)).detach().double()
+    m, l, acc = (expect_tensor(x, what=f"{what}: {name}", shape=shape)
+                 for x, name, shape in zip(got, ("m", "l", "acc"), ((R,), (R,), (R, Dv))))
+    single = any(x.dtype == torch.float32 for x in (m, l, acc))  # float32 results of float64 states pass
+    m, l, acc = (x.detach().double() for x in (m, l, acc))
+    acc._from_float32 = single  # read by _expect_exact: float32's tolerance
     return m, l, acc
 
 
@@ -391,8 +459,10 @@ def _expect_exact(m, l, acc, live, exact, lse, what: str) -> None:
         raise Mismatch(f"{what}: your l or acc holds NaN or inf in row(s) {broken.nonzero().flatten().tolist()}. "
                        "Where both maxima are -inf (a query that has seen no key), exp(-inf - (-inf)) is NaN: use 0 "
                        "in place of an infinite maximum in the exponent, and keep l = 0, acc = 0 for such a row.")
-    expect_close(acc[live] / l[live, None], exact, what=f"{what}: the output acc / l of the rows that see a key")
-    expect_close(m[live] + torch.log(l[live]), lse,
+    atol, rtol = tolerance(torch.float32, torch.float64) if getattr(acc, "_from_float32", False) else (None, None)
+    expect_close(acc[live] / l[live, None], exact, what=f"{what}: the output acc / l of the rows that see a key",
+                 atol=atol, rtol=rtol)
+    expect_close(m[live] + torch.log(l[live]), lse, atol=atol, rtol=rtol,
                  what=f"{what}: m + log(l), which must be the log of the whole softmax denominator")
     expect(bool((l[4] == 0) and (acc[4] == 0).all()),
            f"{what}: row 4 has seen no key on either side; its merged state must keep l = 0 and acc = 0, got "
@@ -495,6 +565,21 @@ _CACHE_RUNS = (  # (B, H, D, max_len, dtype, steps as (first token, end)): the n
 def check_cache_attention_step(cache_attention_step) -> str:
     for run, (B, H, D, max_len, dtype, steps) in enumerate(_CACHE_RUNS):
         _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed=21 + run)
+    # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
+    device = other_device()
+    generator = rng(31)
+    q, k, v = (randn(1, 2, 3, 4, generator=generator, dtype=torch.float32) for _ in range(3))  # (B, H, T, D)
+    cache_keys, cache_values = (randn(1, 2, 8, 4, generator=generator, dtype=torch.float32) for _ in range(2))
+    shown = ("cache_attention_step(query, key, value, cache_keys, cache_values, length=2) for 3 new tokens, with every "
+             f"tensor on the {device.type} device")
+    on = [x.to(device) for x in (q, k, v, cache_keys, cache_values)]
+    got = call_elsewhere(cache_attention_step, *on[:3], mutable(on[3]), mutable(on[4]), 2, device=device, what=shown)
+    if got is not None:
+        got = expect_on_device(got, device, shown, dtype="float")
+        expect_tensor(got, what=shown, shape=(1, 2, 3, 4))
+        if device.type != "meta":
+            want = _cache_reference(q, k, v, cache_keys, cache_values, 2)
+            expect_close(got, want.to(device), what=shown)
     return ("your step fills the cache in place and gives the same outputs as attention over the whole sequence, "
             "for a prompt, a single token and chunks, at every size tried: the update of ac.KVCache and the attention "
             "of ac.cached_self_attention.")
@@ -514,7 +599,11 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed)
         before_keys, before_values = cache_keys.clone(), cache_values.clone()
         new = [t[:, :, start:end].clone() for t in (q, k, v)]
         got = call(cache_attention_step, *new, mutable(cache_keys), mutable(cache_values), start)  # written in place
-        got = expect_tensor(got, what=what, shape=(B, H, T, D), dtype="float", device=q).detach().double()
+        got = expect_tensor(got, what=what, shape=(B, H, T, D), dtype="float", device=q)
+        if got.dtype != dtype:  # before the comparisons below cast it to float64
+            raise Mismatch(f"{what}: your output is {got.dtype} for {dtype} inputs; the statement asks for the inputs' "
+                           "dtype (attention over the buffers gives it: do not convert)")
+        got = got.detach().double()
         if torch.equal(cache_keys, before_keys) and torch.equal(cache_values, before_values):
             raise Mismatch(f"{what}: the cache buffers did not change. Write the new keys and values into "
                            "cache_keys and cache_values in place (cache_keys[:, :, a:b] = key), so that later steps "
