@@ -388,6 +388,35 @@ def merge_package(w_uv, w_o, num_heads):
     return merge_right(w_uv, w_o, num_heads)
 
 
+def scores_keys_conv1d_per_coordinate(q_content, q_rope, w_uk, latents, rope_keys):
+    """The second review's answer: every head's keys rebuilt one coordinate at a time with F.conv1d (no matmul)."""
+    B, H, L, D = q_content.shape
+    heads = []
+    for h in range(H):
+        content = 0
+        for d in range(D):
+            key_d = torch.nn.functional.conv1d(latents.transpose(1, 2), w_uk[h * D + d:h * D + d + 1, :, None])  # (B, 1, S)
+            content = content + q_content[:, h, :, d:d + 1] @ key_d  # (B, L, S)
+        heads.append(content)
+    return (torch.stack(heads, 1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_keys_addbmm_in_chunks(q_content, q_rope, w_uk, latents, rope_keys):
+    """The second review's answer: each head's keys rebuilt ten cached tokens at a time with torch.addbmm."""
+    B, H, L, D = q_content.shape
+    S = latents.size(1)
+    batches = []
+    for b in range(B):
+        heads = []
+        for h in range(H):
+            w = w_uk[h * D:(h + 1) * D]
+            keys = [torch.addbmm(latents.new_zeros(min(10, S - s0), D), latents[b:b + 1, s0:s0 + 10], w.T[None])
+                    for s0 in range(0, S, 10)]
+            heads.append(torch.cat([q_content[b, h] @ k.T for k in keys], -1))
+        batches.append(torch.stack(heads))
+    return (torch.stack(batches) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_cache_per_token, cache_right, "correct", "2.25 groups"),
@@ -417,6 +446,8 @@ CASES = [
     (check_absorbed_scores, scores_elementwise, "correct", "no key is rebuilt"),
     (check_absorbed_scores, scores_keys_per_token_elementwise, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_triple_loop, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_keys_conv1d_per_coordinate, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_keys_addbmm_in_chunks, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_cpu_buffer, "incorrect", "make new tensors on the inputs' device"),
     (check_absorbed_scores, scores_scale_d, "incorrect", "scale is 1/sqrt(d_h + d_h^R)"),
     (check_absorbed_scores, scores_unscaled, "incorrect", "not scaled"),

@@ -8,16 +8,20 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry  # PyTorch's FLOP formulas: mm, bmm, addmm, convolution, ...
 
-_PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot"}
+# Products that PyTorch's registry does not count (it counts two FLOPs per multiply-add for the rest).
+_PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot"}
 _ELEMENTWISE_PRODUCTS = {"mul", "mul_", "addcmul", "addcmul_"}  # what ``*``, ``torch.mul``, ``outer`` come down to
 
 
 class _LargestTensor(TorchDispatchMode):
     """Records, while active, the largest tensor any operation makes (views included) and the
-    multiply-adds: those of the matrix products (``mm``, ``bmm`` and their kin, which ``@``, ``matmul``,
-    ``einsum`` and ``nn.functional.linear`` come down to) and one per element of every elementwise
-    product of two tensors (``*`` followed by ``.sum()`` is a product too)."""
+    multiply-adds: those of every operation that ``torch.utils.flop_counter`` has a formula for (the matrix
+    products ``mm``, ``bmm``, ``addmm``, ``baddbmm``, which ``@``, ``matmul``, ``einsum`` and
+    ``nn.functional.linear`` come down to, and the convolutions of ``conv1d`` and its kin), of the products
+    it has none for (``addbmm``, ``mv``, ``addmv``, ``dot``, ``vdot``), and one per element of every
+    elementwise product of two tensors (``*`` followed by ``.sum()`` is a product too)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -26,7 +30,17 @@ class _LargestTensor(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-        if name in _PRODUCTS:
+        packet = getattr(func, "overloadpacket", None)
+        counted = False
+        if packet is not None and packet in flop_registry:
+            try:
+                self.multiply_adds += int(flop_registry[packet](*args, **(kwargs or {}), out_val=out)) // 2
+                counted = True
+            except Exception:  # a formula that does not fit this overload: fall back to the shapes below
+                counted = False
+        if counted:
+            pass
+        elif name in _PRODUCTS:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             first, second = tensors[-2], tensors[-1]  # addmm(bias, a, b), baddbmm(bias, a, b): the last two
             batch = first.shape[0] if first.dim() == 3 else 1

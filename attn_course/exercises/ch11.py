@@ -168,8 +168,9 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
                        "the absorbed form avoids. Multiply each head's query by its block of W_UK first (a vector of "
                        f"width {Dc}), then score it against the latents themselves")
     if watch and watcher.multiply_adds >= B * S * D * Dc:
-        raise Mismatch(f"{what}: your function did {watcher.multiply_adds:,} multiply-adds (matrix and elementwise "
-                       f"products), at least as many as rebuilding one head's keys for all {S} cached tokens ({S} x "
+        raise Mismatch(f"{what}: your function did {watcher.multiply_adds:,} multiply-adds (matrix products, "
+                       f"convolutions and elementwise products), at least as many as rebuilding one head's keys "
+                       f"for all {S} cached tokens ({S} x "
                        f"{D} x {Dc} = {B * S * D * Dc:,}; the keys of all H = {H} heads take {B * S * H * D * Dc:,}): the absorbed "
                        "form never up-projects the cache, piece by piece or at once. Multiply each head's query by its "
                        f"block of W_UK first (a vector of width {Dc}), then score it against the latents")
