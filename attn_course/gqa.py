@@ -402,6 +402,8 @@ class KVCopy:
         shape: the shape of what it wrote.
         numbers: how many numbers it wrote (or, for a buffer filled piece by piece, the buffer holds).
         source: how many distinct numbers of the keys and values it read them from.
+        times: how many operations wrote them (more than 1 for copies made one at a time, as in a loop over
+            query heads, added up within the call).
     """
 
     of: str
@@ -410,7 +412,10 @@ class KVCopy:
     shape: tuple
     numbers: int
     source: int
+    times: int = 1
 
+
+_COPYING = {"clone", "_to_copy", "copy_", "contiguous", "copy"}  # ops that write their input's numbers unchanged
 
 _DATALESS = {"new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "empty_like", "zeros_like",
              "ones_like", "full_like", "rand_like", "randn_like", "randint_like"}
@@ -468,6 +473,9 @@ class _Provenance(TorchDispatchMode):
         self.labels: dict[int, frozenset] = {}
         self.sizes = {name: t.numel() for name, t in sources.items()}
         self.group, self.outer, self.copies, self.alive, self.flagged = group, outer, [], [], set()
+        self.views: dict[tuple, int] = {}  # how often each key/value view was copied out whole
+        self.totals: dict[frozenset, int] = {}  # numbers written by copying ops, per keys / values
+        self.named: set = set()
         for name, t in sources.items():
             self.labels[_storage_key(t)] = self.labels.get(_storage_key(t), frozenset()) | {name}
 
@@ -501,6 +509,8 @@ class _Provenance(TorchDispatchMode):
                      if self.labels.get(_storage_key(x), frozenset()) & kv}
             source = sum(_distinct(x) for x in views.values())
             stored = t.untyped_storage().nbytes() // t.element_size()
+            if name in _COPYING and self.group > 1 and not self._tally(name, args, t, kv):
+                continue
             if key not in in_storages and t.numel() > source:  # more numbers out than distinct numbers in
                 self.flagged.add(key)
                 self.copies.append(KVCopy(self._of(key), self.outer.current, f"aten.{name}", tuple(t.shape), t.numel(),
@@ -510,6 +520,33 @@ class _Provenance(TorchDispatchMode):
                 self.flagged.add(key)  # a buffer written piece by piece until it holds a copy per query head
                 self.copies.append(KVCopy(self._of(key), self.outer.current, f"aten.{name}", tuple(t.shape), stored,
                                           sum(self.sizes[label] for label in self.labels[key])))
+
+
+    def _tally(self, name, args, t, kv) -> bool:
+        """Adds up the numbers that copying ops write from the keys or values within the call: the same view
+        copied ``group`` times (a copy per query head, made in a loop), or copies adding up to more than
+        ``max(3, group)`` times the keys or values, is recorded. False when it recorded one."""
+        src = args[1] if name == "copy_" and len(args) > 1 else args[0]
+        if not isinstance(src, torch.Tensor) or not (self.labels.get(_storage_key(src), frozenset()) & kv):
+            return True
+        labels = frozenset(label for label in self.labels[_storage_key(src)] if label != "queries")
+        view = (_storage_key(src), src.storage_offset(), tuple(src.shape), src.stride())
+        self.views[view] = times = self.views.get(view, 0) + 1
+        self.totals[labels] = total = self.totals.get(labels, 0) + t.numel()
+        size = sum(self.sizes[label] for label in labels)
+        if labels in self.named:
+            return True
+        if times >= self.group:
+            self.named.add(labels)
+            self.copies.append(KVCopy(" and ".join(n for n in ("keys", "values") if n in labels), self.outer.current,
+                                      f"aten.{name}", tuple(t.shape), times * t.numel(), _distinct(src), times))
+            return False
+        if total > max(3, self.group) * size:
+            self.named.add(labels)
+            self.copies.append(KVCopy(" and ".join(n for n in ("keys", "values") if n in labels), self.outer.current,
+                                      f"aten.{name}", tuple(t.shape), total, size, times))
+            return False
+        return True
 
 
 def kv_copies(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs):

@@ -189,6 +189,24 @@ def grouped_attention_loop_groups(q, k, v):
     return torch.cat(parts, dim=1)
 
 
+def grouped_attention_loop_copies(q, k, v, how="contiguous"):
+    """A loop over query heads that copies its key/value head each time (contiguous, clone, or the transposed keys
+    made contiguous): one copy at a time, but H / G copies of every key/value head in all (the second review)."""
+    B, H, L, D = q.shape
+    n = H // k.size(1)
+    causal = _causal(q, k)
+    heads = []
+    for h in range(H):
+        if how == "clone":
+            kt, vh = k[:, h // n].clone().transpose(-2, -1), v[:, h // n].clone()
+        elif how == "transposed":
+            kt, vh = k[:, h // n].transpose(-2, -1).contiguous(), v[:, h // n]
+        else:
+            kt, vh = k[:, h // n].contiguous().transpose(-2, -1), v[:, h // n].contiguous()
+        heads.append((q[:, h] @ kt / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1) @ vh)
+    return torch.stack(heads, dim=1)
+
+
 def grouped_attention_cpu_mask(q, k, v):
     """The folded form with its mask made on the CPU (no device=): fails on a GPU."""
     B, H, L, D = q.shape
@@ -406,6 +424,14 @@ def test_a_float64_rolling_read_gets_feedback_not_a_crash():
         (check_grouped_attention, grouped_attention_index_scaled, "made a copy of the keys.*__getitem__"),
         (check_grouped_attention, grouped_attention_buffer, "made a copy of the keys.*copy_"),
         (check_grouped_attention, grouped_attention_cpu_mask, "works only with CPU tensors"),
+        (check_grouped_attention, grouped_attention_loop_copies, "made a copy of the keys.*Tensor.contiguous"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention_loop_copies(q, k, v, "clone"),
+         "made a copy of the keys.*Tensor.clone"),
+        (check_grouped_attention, lambda q, k, v: grouped_attention_loop_copies(q, k, v, "transposed"),
+         "made a copy of the keys.*Tensor.contiguous"),
+        # the right numbers moved to the CPU: named on the meta device ("Cannot copy out") as on a GPU
+        (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v).cpu(),
+         "works only with CPU tensors|your result is on cpu"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v).long(), "floating-point"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="sum"), "summed"),
         (check_mean_pool_kv, lambda w, h, g: mean_pool(w, h, g, mistake="strided"), "consecutive"),
@@ -432,6 +458,7 @@ def test_a_float64_rolling_read_gets_feedback_not_a_crash():
         (check_rolling_read, lambda b, s: read_in_order(b, s, mistake="one late"), "one slot too late"),
         (check_rolling_read, read_in_order_package, "you called attn_course"),
         (check_rolling_read, lambda b, s: read_in_order(b, s).half(), "half|float16"),
+        (check_rolling_read, lambda b, s: read_in_order(b, s).cpu(), "works only with CPU tensors|your result is on cpu"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):

@@ -295,6 +295,22 @@ def test_kv_copies_names_the_broadcasting_matmul_and_explicit_copies():
     assert ac.gqa.kv_copies(folded, q, k, v)[1] == []
 
 
+def test_kv_copies_adds_up_copies_made_one_head_at_a_time():
+    """A loop over query heads that copies its key/value head each time writes H / G copies in all."""
+    q, k, v = torch.randn(2, 8, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+
+    def per_head(q, k, v, copy):
+        return torch.stack([(q[:, h] @ copy(k[:, h // 4]).transpose(-2, -1)).softmax(-1) @ copy(v[:, h // 4])
+                            for h in range(8)], dim=1)
+
+    for copy in (torch.Tensor.contiguous, torch.Tensor.clone, lambda t: t.transpose(-2, -1).contiguous().mT):
+        _, copies = ac.gqa.kv_copies(per_head, q, k, v, copy)
+        assert {c.of for c in copies} == {"keys", "values"} and all(c.times == 4 for c in copies), copies
+    # once per key/value head, or the whole keys once and cast: no copy per query head
+    assert ac.gqa.kv_copies(per_head, q, k, v, lambda t: t)[1] == []
+    assert ac.gqa.kv_copies(lambda q, k, v: per_head(q, k.contiguous().double().float(), v, lambda t: t), q, k, v)[1] == []
+
+
 def test_kv_copies_passes_over_tensors_without_plain_storage():
     g = torch.Generator().manual_seed(3)
     q, k, v = torch.randn(1, 4, 3, 2, generator=g), torch.randn(1, 2, 3, 2, generator=g), torch.randn(1, 2, 3, 2, generator=g)

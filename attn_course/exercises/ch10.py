@@ -15,75 +15,16 @@ integers; in exercise 4, stacks mixing windows and layers without one.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from ..gqa import kv_copies
-from ._core import _StudentCodeFailed
-from ..utils import get_device
-from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_number, expect_tensor, forbidden,
-               large_scores, randn, rng)
+from . import (Mismatch, attempted, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_number,
+               expect_on_device, expect_tensor, forbidden, large_scores, other_device, randn, rng)
 
 __all__ = ["check_gqa_cache_bytes", "check_grouped_attention", "check_mean_pool_kv", "check_receptive_field",
            "check_rolling_read"]
-
-
-# --- Another device: the notebook's GPU, or PyTorch's meta device --------------------------------
-
-def _other_device() -> torch.device:
-    """The GPU of the notebook when there is one (CUDA, then MPS), else the "meta" device, which has shapes and
-    dtypes but no values: a tensor made without ``device=`` lives on the CPU and fails there as on a GPU."""
-    device = get_device()
-    return device if device.type != "cpu" else torch.device("meta")
-
-
-def _meta_note(device: torch.device) -> str:
-    return (" (the meta device stands for a GPU here: its tensors have shapes and dtypes but no values)"
-            if device.type == "meta" else "")
-
-
-class _NoData(RuntimeError):
-    """NotImplementedError raised on the meta device ("Cannot copy out of meta tensor"): passed on as an error,
-    not taken for the scaffold's ``raise NotImplementedError``."""
-
-
-def _call_elsewhere(fn, *args, device: torch.device, what: str):
-    """``call(fn, *args)`` with ``args`` on ``device``; the result, or None when the meta device cannot judge it
-    (an answer that needs values; the CPU cases judged it). A CPU tensor meeting the inputs is named."""
-    @functools.wraps(fn)
-    def answer(*a, **k):
-        try:
-            return fn(*a, **k)
-        except NotImplementedError as error:
-            if device.type == "meta":
-                raise _NoData(str(error)) from None
-            raise
-
-    try:
-        return call(answer, *args)
-    except _StudentCodeFailed as failed:
-        text = str(failed.error)
-        lowered = text.lower()
-        if "device" in lowered and "cpu" in lowered and not isinstance(failed.error, _NoData):
-            raise Mismatch(f"{what}: your code raised {type(failed.error).__name__}: "
-                           f"{text.splitlines()[0] if text else ''}{_meta_note(device)}. It works only with CPU "
-                           "tensors: a tensor made without device= (torch.ones, torch.zeros, torch.tensor, "
-                           "torch.arange ...) lives on the CPU, whatever the inputs: make new tensors on the inputs' "
-                           "device (device= from an input, or new_ones, ones_like)") from None
-        if device.type == "meta":
-            return None
-        raise
-
-
-def _on_device(got, device: torch.device, what: str) -> torch.Tensor:
-    got = expect_tensor(got, what=what, dtype="float")
-    if got.device.type != device.type:
-        raise Mismatch(f"{what}: the inputs are on the {device.type} device{_meta_note(device)} but your result is on "
-                       f"{got.device}: make new tensors on the inputs' device (device= from an input), never on a "
-                       "fixed one")
-    return got
 
 
 @exercise(
@@ -149,6 +90,8 @@ def _causal_grouped(q, k, v, owner, *, scale=True, masked=True, mask_offset=0, t
     forbid=("sdpa", "enable_gqa"),
 )
 def check_grouped_attention(grouped_attention) -> str:
+    if not callable(grouped_attention):
+        call(grouped_attention)  # ``...`` or None: not attempted; anything else named
     g = rng(11)
     # (B, H, G, L, S, D): groups of 2 (where h // G is a valid, wrong index), of 3, multi-query (G = 1), multi-head
     # (G = H), one query after a cache (decoding), fewer queries than keys, batch 1 and 3, odd head widths.
@@ -165,12 +108,12 @@ def check_grouped_attention(grouped_attention) -> str:
     v = randn(2, 2, 5, 4, generator=g)
     _check_grouped_case(grouped_attention, q, k, v)
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
-    device = _other_device()
+    device = other_device()
     q, k, v = (randn(*shape, generator=g).to(device) for shape in ((2, 4, 3, 2), (2, 2, 5, 2), (2, 2, 5, 2)))
     shown = f"grouped_attention(q, k, v) with q, k and v on the {device.type} device"
-    got = _call_elsewhere(grouped_attention, q, k, v, device=device, what=shown)
+    got = call_elsewhere(grouped_attention, q, k, v, device=device, what=shown)
     if got is not None:
-        got = _on_device(got, device, shown)
+        got = expect_on_device(got, device, shown, dtype="float")
         expect_tensor(got, what=shown, shape=(2, 4, 3, 2), dtype="float")
         if device.type != "meta":
             expect_close(got, _causal_grouped(q.cpu(), k.cpu(), v.cpu(), torch.arange(4) // 2).float().to(device),
@@ -189,7 +132,9 @@ def _check_grouped_case(grouped_attention, q, k, v) -> None:
     with forbidden(torch.repeat_interleave, torch.Tensor.repeat, torch.tile,
                    reason="this exercise asks for the grouping without copying the key/value heads (section 2 "
                           "copied them); fold the query heads of each group into the query axis instead"):
-        got, copies = kv_copies(lambda q, k, v: call(grouped_attention, q, k, v), q, k, v)
+        # kv_copies inside call: the copies call makes of the inputs (to see changes in place) are not the answer's
+        got, copies = call(lambda q, k, v: kv_copies(grouped_attention, q, k, v), q, k, v)
+    got = attempted(got)
     got = expect_tensor(got, what=what, shape=(B, H, L, D), dtype="float", device=q)
     owner = torch.arange(H) // group  # query head h reads key/value head h // (H / G)
     expected = _causal_grouped(q, k, v, owner)
@@ -371,5 +316,16 @@ def check_rolling_read(read_in_order) -> str:
                         torch.allclose(gd, wrong.double()):
                     raise Mismatch(f"{what}: {mistake}")
         expect_close(got, expected, what=what)
+    # Another device: the notebook's GPU, or the meta device (a result moved to the CPU is named).
+    device = other_device()
+    keys = randn(2, 1, 7, 3, generator=g)
+    buffer, expected = _kept(keys, 7, 4)
+    shown = f"read_in_order(buffer of shape {tuple(buffer.shape)}, seen=7) with the buffer on the {device.type} device"
+    got = call_elsewhere(read_in_order, buffer.to(device), 7, device=device, what=shown)
+    if got is not None:
+        got = expect_on_device(got, device, shown, dtype="float")
+        expect_tensor(got, what=shown, shape=expected.shape)
+        if device.type != "meta":
+            expect_close(got, expected.to(device), what=shown)
     return ("your reading gives the kept positions oldest first, as attn_course.RollingKVCache hands them to attention, "
             "while the buffer fills and after any number of turns.")
