@@ -348,6 +348,53 @@ def cross_additive_minus_1e9(queries, memory, mha, key_padding_mask):  # the rev
     return mha.out_proj(merge_heads(weights @ v))
 
 
+def cross_renormalised(queries, memory, mha, key_padding_mask):  # the review: softmax over all keys, renormalised
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    weights = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(-1) * ~key_padding_mask[:, None, None, :]
+    weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_package_helper(queries, memory, mha, key_padding_mask):  # the review: the package's masked softmax
+    from attn_course.alignment import _weights_and_context
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    c = torch.stack([_weights_and_context(s[:, h], v[:, h], key_padding_mask)[0] for h in range(H)], 1)
+    return mha.out_proj(merge_heads(c))
+
+
+def cross_cpu_fill(queries, memory, mha, key_padding_mask):  # the review: a -inf tensor made without device=
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    s = torch.where(key_padding_mask[:, None, None, :], torch.full(s.shape, float("-inf"), dtype=s.dtype), s)
+    return mha.out_proj(merge_heads(torch.softmax(s, -1).nan_to_num(0.0) @ v))
+
+
+def cross_cpu_empty(queries, memory, mha, key_padding_mask):  # the review: the empty-row mask built on the CPU
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    empty = torch.zeros(key_padding_mask.size(0), dtype=torch.bool)
+    empty |= key_padding_mask.all(-1).cpu() if key_padding_mask.device.type != "meta" else empty
+    return mha.out_proj(merge_heads(torch.softmax(s, -1).masked_fill(empty[:, None, None, None], 0.0) @ v))
+
+
+def cross_upcast(queries, memory, mha, key_padding_mask):  # float32 result of float16 inputs: passes, the course's rule
+    wide = lambda layer, x: F.linear(x.float(), layer.weight.float(), layer.bias.float())
+    H = mha.num_heads
+    q = split_heads(wide(mha.q_proj, queries), H)
+    k, v = (split_heads(wide(proj, memory), H) for proj in (mha.k_proj, mha.v_proj))
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    return wide(mha.out_proj, merge_heads(torch.softmax(s, -1).nan_to_num(0.0) @ v))
+
+
 def cross_float64_result(queries, memory, mha, key_padding_mask):  # the course's dtype rule: a wider result passes
     return cross_attention(queries, memory, mha, key_padding_mask).double()
 
@@ -371,6 +418,9 @@ RIGHT = [
     (check_cross_attention, cross_attention),
     (check_cross_attention, cross_einsum),
     (check_cross_attention, cross_float64_result),
+    # the course's dtype rule: a half-precision result of full-precision inputs is rejected, the converse passes
+    # (the exercise's text says so)
+    (check_cross_attention, cross_upcast),
 ]
 
 
@@ -503,6 +553,12 @@ WRONG = [
     (check_cross_attention, cross_additive_minus_1e9, "-1e9 does not exist in float16"),
     (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm) - mha.out_proj.bias,
      "left out its bias"),
+    # the second review: the package's private masked softmax, tensors made without device= (named on the
+    # accelerator, else on the meta device), the softmax over all keys renormalised after zeroing the padding
+    (check_cross_attention, cross_package_helper, "you called attn_course.alignment._weights_and_context"),
+    (check_cross_attention, cross_cpu_fill, "made without device="),
+    (check_cross_attention, cross_cpu_empty, "made without device="),
+    (check_cross_attention, cross_renormalised, "underflow to 0"),
 ]
 
 
@@ -550,11 +606,15 @@ def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
     assert "Hint" not in str(feedback)
 
 
-def test_the_accelerator_case_runs_where_there_is_one(monkeypatch):
-    # This machine may have no accelerator: the CPU stands in for it, so that the case's code (module, inputs
-    # and mask moved to the device) runs; a result moved to another device is named there by expect_close.
+def test_the_case_on_another_device_compares_values_on_an_accelerator(monkeypatch):
+    # This machine may have no accelerator (then the case runs on the meta device): the CPU stands in for one,
+    # so that the comparison of values there runs too.
     import attn_course.exercises.ch05 as ch05
-    monkeypatch.setattr(ch05, "_accelerators", lambda: [torch.device("cpu")])
+    monkeypatch.setattr(ch05, "other_device", lambda: torch.device("cpu"))
     assert check_cross_attention(cross_attention).status == "correct"
-    cases = [d for d, *_ in ch05._cross_cases(torch.Generator().manual_seed(0))]
-    assert any(d.startswith("inputs and module on cpu") for d in cases)
+    def off_only_there(q, m, mha, kpm):  # right everywhere but in the case on the other device
+        there = (q.shape, m.size(1), q.dtype) == (torch.Size([2, 3, 8]), 5, torch.float32)
+        return cross_attention(q, m, mha, kpm) * (2 if there else 1)
+
+    feedback = check_cross_attention(off_only_there)
+    assert feedback.status == "incorrect" and "cpu device" in feedback.message, feedback.message

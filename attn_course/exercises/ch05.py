@@ -9,10 +9,14 @@ Exercises 1 and 2 try float64 inputs too: a split or a merge only moves numbers,
 must survive (a ``.float()`` on the way is named; the course's dtype rule otherwise lets a float32
 result of float64 inputs pass, see ``expect_close``). Exercise 3 forbids building the layers (the
 exercise asks for a formula). Exercise 4 forbids torch's and the package's attention, ``mha``'s own
-forward included (``forbid=("sdpa",)``), and tries left padding, a memory that is all padding (zero
+forward included (``forbid=("sdpa",)``), and the package's private masked softmax
+``alignment._weights_and_context``, and tries left padding, a memory that is all padding (zero
 context, so ``out_proj``'s bias, never NaN), scores far above 88 (where a softmax without its max
-shift overflows), float64 and float16 (where a fill of -1e9 overflows) and the machine's accelerator
-where there is one. The table of wrong answers is in tests/test_exercises_ch05.py.
+shift overflows, and a softmax over all keys renormalised after zeroing the padding underflows),
+float64 and float16 (where a fill of -1e9 overflows), and one case on :func:`other_device` (the
+machine's accelerator, else the meta device), where a tensor made without ``device=`` is named. By the
+course's dtype rule a float32 result of float16 inputs passes (only a half-precision result of
+full-precision inputs is rejected). The table of wrong answers is in tests/test_exercises_ch05.py.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import math
 import torch
 from torch import nn
 
+from ..alignment import _weights_and_context
 from ..multihead import MultiHeadAttention
-from ..utils import get_device
 from ._core import _StudentCodeFailed
-from . import (Mismatch, call, exercise, expect, expect_close, expect_int, expect_sequence, expect_tensor,
-               forbidden, other_sizes, padding_cases, padding_mask_for, randn, rng)
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_on_device,
+               expect_sequence, expect_tensor, forbidden, other_device, other_sizes, padding_cases, padding_mask_for,
+               randn, rng)
 
 __all__ = [
     "check_split_heads",
@@ -271,7 +276,8 @@ def _module(E: int, H: int, generator: torch.Generator, *, dtype=torch.float32, 
     return mha.to(dtype=dtype, device=device)
 
 
-def _by_hand(mha, queries, memory, blocked, *, scale=None, after_softmax=False, fill=float("-inf")):
+def _by_hand(mha, queries, memory, blocked, *, scale=None, after_softmax=False, fill=float("-inf"),
+             renormalise=False):
     """Cross-attention written out, with the mistakes the diagnoses need; blocked is (B, S), True = padding.
     A query whose memory is all padding gets NaN here with ``fill=-inf`` (the diagnoses compare only
     where that matters) and the uniform average of the padding with a finite ``fill``."""
@@ -287,6 +293,8 @@ def _by_hand(mha, queries, memory, blocked, *, scale=None, after_softmax=False, 
     weights = torch.softmax(scores, dim=-1)  # (B, H, L, S)
     if where is not None and after_softmax:
         weights = weights.masked_fill(where, 0.0)
+        if renormalise:
+            weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
     context = (weights @ v).transpose(1, 2).reshape(B, L, E)  # (B, H, L, D) -> (B, L, E)
     return mha.out_proj(context)  # (B, L, E)
 
@@ -301,16 +309,10 @@ def _largest_score(mha, queries, memory) -> float:
         return float((q @ k.transpose(-2, -1) / math.sqrt(D)).max())
 
 
-def _accelerators() -> list:
-    """The machine's accelerator (CUDA or MPS) as a one-element list, or an empty list on a CPU-only machine."""
-    device = get_device()
-    return [device] if device.type != "cpu" else []
-
-
 def _cross_cases(generator: torch.Generator):
     """(description, mha, queries, memory, key_padding_mask): unlike the notebook's (E = 12, 3 heads); a
-    memory that is all padding, scores far above 88 (where exp overflows in float32), float64 and float16,
-    and the machine's accelerator where there is one."""
+    memory that is all padding, scores far above 88 (where exp overflows in float32), float64 and float16.
+    The case on another device is run apart, by :func:`_check_elsewhere`."""
     mha = _module(24, 6, generator)
     queries, memory = randn(3, 4, 24, generator=generator), randn(3, 7, 24, generator=generator)
     for padding, mask in padding_cases(batch_size=3, max_len=7, convention="blocked", empty_row=True):
@@ -335,12 +337,6 @@ def _cross_cases(generator: torch.Generator):
                                                                                    dtype=dtype)
         yield f"{dtype} inputs and module, B=2, L=3, S=5, E=8, 2 heads, right padding (lengths [5, 2])", \
             mha, queries, memory, mask
-    for device in _accelerators():
-        mha = _module(8, 2, generator, device=device)
-        queries = randn(2, 3, 8, generator=generator, device=device)
-        memory = randn(2, 5, 8, generator=generator, device=device)
-        yield f"inputs and module on {device.type}, B=2, L=3, S=5, E=8, 2 heads, right padding (lengths [5, 2])", \
-            mha, queries, memory, mask.to(device)
 
 
 def _cross_expected(mha, queries, memory, key_padding_mask) -> torch.Tensor:
@@ -353,6 +349,29 @@ def _cross_expected(mha, queries, memory, key_padding_mask) -> torch.Tensor:
         return mha(queries, memory, memory, key_padding_mask=key_padding_mask)[0]
 
 
+def _check_elsewhere(cross_attention, generator: torch.Generator) -> None:
+    """One case with the module, the inputs and the mask on :func:`other_device` (the accelerator, else the meta
+    device, whose tensors have shapes but no values): a tensor made without ``device=`` (a mask or a fill built
+    on the CPU) is named. On an accelerator the values are compared too; on meta an answer that needs values
+    (``bool(...)`` of a tensor) cannot be judged there, and the CPU cases judged it."""
+    device = other_device()
+    mha = _module(8, 2, generator)
+    queries, memory = randn(2, 3, 8, generator=generator), randn(2, 5, 8, generator=generator)
+    mask = padding_mask_for([5, 2], 5, side="right", convention="blocked")
+    what = (f"cross_attention(queries, memory, mha, key_padding_mask) with the inputs, the module and the mask on "
+            f"the {device.type} device, B=2, L=3, S=5, E=8, 2 heads, right padding (lengths [5, 2])")
+    expected = _cross_expected(mha, queries, memory, mask)
+    mha, queries, memory, mask = mha.to(device), queries.to(device), memory.to(device), mask.to(device)
+    got = call_elsewhere(cross_attention, queries, memory, mha, mask, device=device, what=what,
+                         made_by="torch.full, torch.zeros, torch.tensor ...")
+    if got is None and device.type == "meta":
+        return
+    got = expect_on_device(got, device, what, dtype="float")
+    expect(tuple(got.shape) == (2, 3, 8), f"{what}: expected shape (2, 3, 8), got {tuple(got.shape)}")
+    if device.type != "meta":
+        expect_close(got.detach().cpu(), expected, what=what)
+
+
 @exercise(
     "Exercise 4, cross-attention with padding",
     hint="project the queries with q_proj and the memory with k_proj and v_proj, split each into heads, scale "
@@ -360,7 +379,7 @@ def _cross_expected(mha, queries, memory, key_padding_mask) -> torch.Tensor:
          "softmax (the mask is True at the padding, and the keys are the last axis of the scores), give the "
          "queries of a sequence whose memory is all padding zero weights instead of the softmax's NaN, then merge "
          "the heads and apply out_proj",
-    forbid=("sdpa",),
+    forbid=("sdpa", _weights_and_context),
 )
 def check_cross_attention(cross_attention) -> str:
     generator = rng(54)
@@ -417,6 +436,10 @@ def check_cross_attention(cross_attention) -> str:
                     _by_hand(mha, queries, memory, None)
                 wrong["you attended only to the padding. key_padding_mask is True at the padding (nn.MultiheadAttention's "
                       "convention): block where it is True"] = _by_hand(mha, queries, memory, ~key_padding_mask)
+                wrong["you took the softmax over all the keys, zeroed the padding's weights and renormalised: where the "
+                      "padding's scores are far above the real keys', the real keys' weights underflow to 0 in the "
+                      "softmax, and no renormalising brings them back. Block the scores before the softmax"] = \
+                    _by_hand(mha, queries, memory, key_padding_mask, after_softmax=True, renormalise=True)
                 wrong["you zeroed the padding's weights after the softmax, so each row no longer sums to one: block "
                       "the scores before the softmax"] = _by_hand(mha, queries, memory, key_padding_mask,
                                                                    after_softmax=True)
@@ -447,6 +470,7 @@ def check_cross_attention(cross_attention) -> str:
         # at full precision in the other cases.
         tolerances = {"atol": 1e-2, "rtol": 1e-2} if queries.dtype == torch.float16 else {}
         expect_close(got, expected, what=what, **tolerances)
+    _check_elsewhere(cross_attention, generator)
     return ("your cross-attention matches ac.MultiHeadAttention(queries, memory, memory, key_padding_mask=...) with "
             "right and left padding, a memory that is all padding, large scores, float64 and float16, at every size "
-            "tried.")
+            "tried, and it keeps to the inputs' device.")
