@@ -732,7 +732,7 @@ def test_fresh_check_cannot_be_fooled_by_redefinitions_or_patches():
     def cache_attention_step(query, key, value, cache_keys, cache_values, length):
         T = query.size(2)
         cache_keys[:, :, length:length + T], cache_values[:, :, length:length + T] = key, value
-        allowed = ac.causal_mask(T, length + T, align="bottom_right")
+        allowed = ac.causal_mask(T, length + T, align="bottom_right", device=query.device)
         return F.scaled_dot_product_attention(query, cache_keys[:, :, :length + T], cache_values[:, :, :length + T],
                                               attn_mask=allowed)
 
