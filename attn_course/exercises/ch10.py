@@ -6,10 +6,11 @@ They use the shared mechanism of ``attn_course.exercises``: torch's and the pack
 ``enable_gqa=True``) forbidden where the exercise asks for the grouping itself, and the copies of
 ``repeat_interleave`` that section 2 already showed; every other copy of the keys or values per query
 head seen at the level of PyTorch's kernels (:func:`attn_course.gqa.kv_copies`: indexing, ``cat``,
-``contiguous`` after ``expand``, and the copy that ``torch.matmul`` makes when it broadcasts a
+``contiguous`` after ``expand``, copies made one query head at a time in a loop, and the copy that ``torch.matmul`` makes when it broadcasts a
 key/value head over its query heads); inputs watched for changes in place; sizes unlike the
 notebook's (one key/value head, as many as query heads, groups of 3, one position, batch 1 and 3);
-scores near 100 in float32; one case on the notebook's GPU or the meta device; numbers given as numpy
+scores near 100 in float32; one case on the notebook's GPU or the meta device (exercises 2 and 5: a result
+moved to the CPU is named); numbers given as numpy
 integers; in exercise 4, stacks mixing windows and layers without one.
 """
 
