@@ -405,7 +405,7 @@ def test_a_float64_rolling_read_gets_feedback_not_a_crash():
          "does not see its own position"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="top-left"), "top-left corner"),
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="naive softmax"), "inf or NaN"),
-        (check_grouped_attention, grouped_attention_sdpa, "you called torch.nn.functional.scaled_dot_product_attention"),
+        (check_grouped_attention, grouped_attention_sdpa, "you called torch.nn.functional.scaled_dot_product_attention:"),
         (check_grouped_attention, grouped_attention_package, "you called attn_course"),
         (check_grouped_attention, grouped_attention_repeat_interleave, "repeat_interleave.*without copying"),
         (check_grouped_attention, lambda q, k, v: grouped_attention_index(q, k.repeat(1, q.size(1) // k.size(1), 1, 1),
