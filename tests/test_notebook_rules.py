@@ -55,12 +55,8 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 # (rule, chapter stem) -> why the chapter fails it today. Strict xfail: delete the entry once fixed.
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     "header_run_time": {
-        "04_causal_attention": "executed on a busy shared machine (load 6.7; 18.5 s recorded on one thread, between 14 "
-                               "and 23 s over four runs), about 30 s stated: the lead re-executes it on a quiet one and "
-                               "sets the header (about 15 to 20 s)",
     },
     "prose_run_time": {
-        "04_causal_attention": "the header's 'about 30 s' against the busy machine's 18.5 s record (see header_run_time)",
     },
     "solution_output": {
     },
