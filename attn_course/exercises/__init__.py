@@ -100,6 +100,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..utils import get_device
 from . import _core, _guards, _inputs
 from ._cases import Sizes, large_scores, other_sizes, padding_cases, padding_mask_for, randn, rng
 from ._core import ACTIVE_CHECK, ExerciseInfo, Feedback, Mismatch, NotAttempted, _StudentCodeFailed, is_graded, set_graded
@@ -218,9 +219,7 @@ def other_device() -> torch.device:
     """The notebook's accelerator where there is one (CUDA, then Apple's MPS), else PyTorch's "meta" device,
     which has shapes and dtypes but no values. A tensor the answer makes without ``device=`` lives on the
     CPU, and mixing it with the inputs fails on meta as it does on a GPU: trying one case there names it."""
-    from ..utils import get_device  # the chapters' own choice: CUDA, then MPS, then the CPU
-
-    device = get_device()
+    device = get_device()  # the chapters' own choice: CUDA, then MPS, then the CPU
     return device if device.type != "cpu" else torch.device("meta")
 
 

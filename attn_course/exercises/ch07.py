@@ -28,6 +28,7 @@ import torch
 
 from ..transformer import DecoderLayer, Transformer
 from ..translator import DEFAULT_LEXICON, beam_search, beam_translate, french_noun_phrase
+from ..utils import get_device
 from . import (Mismatch, call, exercise, expect, expect_close, expect_tensor, forbidden, large_scores, other_sizes,
                padding_cases, randn, rng, tolerance)
 
@@ -132,12 +133,8 @@ def check_french_noun_phrase(noun_phrase) -> str:
 def _accelerator() -> torch.device | None:
     """The GPU where exercises 2 to 4 try one more case (CUDA, then Apple's MPS), or None on a CPU-only machine.
     A tensor made there without ``device=`` would live on the CPU, and mixing the two fails."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return None
+    device = get_device()  # CUDA, then MPS, then the CPU: as the notebook's first cell picks
+    return device if device.type != "cpu" else None
 
 
 # --------------------------------------------------------------------------------------------------
