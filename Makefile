@@ -37,6 +37,12 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # from a second thread, and the second pass's one-thread chapters). JOBS=1: one file at a time.
 JOBS ?= 2
 PARALLEL := $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
+# With two workers, each chapter's kernel gets one thread: two kernels of two threads each on 2 cores
+# made training cells five times slower (chapter 05's 19 s cell took 98 s, chapter 09's took 217 s;
+# pass 1 13 min). One thread is how the chapters are executed and recorded; the kernels of the two
+# passes still differ (this CPU's SIMD kernels, then the scalar ones). Another thread count:
+# `make test-chapters` (one file at a time, PyTorch's default threads).
+PASS1_THREADS := $(if $(filter-out 1,$(JOBS)),OMP_NUM_THREADS=1)
 # The second numerical path: PyTorch's scalar kernels (every CPU has them; AVX2 and AVX-512 machines
 # round differently from them, and from each other) on one thread (another summation order).
 OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
@@ -74,7 +80,7 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 test: setup
-	$(PY) -m pytest chapters tests $(NBVAL) $(PARALLEL) -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
+	$(PASS1_THREADS) $(PY) -m pytest chapters tests $(NBVAL) $(PARALLEL) -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-other-cpu
 
 test-other-cpu: setup
