@@ -294,7 +294,8 @@ def sample_right_gumbel(logits, temperature, generator):
     """A correct alternative: the Gumbel-max trick draws from the same distribution."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
+    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
+    uniform = uniform.clamp(1e-12, 1 - 1e-12)
     return (logits.double() / temperature - torch.log(-torch.log(uniform))).argmax(dim=-1)
 
 
@@ -383,6 +384,14 @@ def sample_gumbel_wrong_sign(logits, temperature, generator):
     return (logits / temperature + torch.log(-torch.log(uniform))).argmax(dim=-1)
 
 
+def sample_gumbel_noise_on_the_cpu(logits, temperature, generator):
+    """Gumbel-max whose uniform noise is drawn without device=: it lives on the CPU, whatever the logits."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    uniform = torch.rand(logits.shape, generator=generator).clamp(1e-12, 1 - 1e-12)
+    return (logits / temperature - torch.log(-torch.log(uniform))).argmax(dim=-1)
+
+
 def sample_right_inverse_cdf(logits, temperature, generator):
     """A correct alternative: the inverse of each row's cumulative distribution."""
     if temperature == 0:
@@ -395,7 +404,7 @@ def sample_right_inverse_cdf(logits, temperature, generator):
 def sample_right_powers(logits, temperature, generator):
     """A correct alternative: softmax(z) ** (1 / temperature), unnormalised (multinomial normalises)."""
     if temperature == 0:
-        return torch.from_numpy(np.argmax(logits.numpy(), axis=-1))
+        return torch.from_numpy(np.argmax(logits.cpu().numpy(), axis=-1)).to(logits.device)
     return torch.multinomial(torch.softmax(logits, dim=-1).double() ** (1 / temperature), 1, generator=generator)[:, 0]
 
 
@@ -430,6 +439,7 @@ def test_sample_crash_and_scaffold():
         (sample_greedy_below_one, "Every sample is the same id"),
         (sample_top_two, "frequencies"),
         (sample_gumbel_wrong_sign, "frequencies"),
+        (sample_gumbel_noise_on_the_cpu, "without device="),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):
@@ -833,6 +843,24 @@ def post_norm_ffn_before_cross(layer, x, memory, memory_padding):
     return layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
 
 
+def post_norm_mask_for_the_notebooks_T(layer, x, memory, memory_padding):
+    """A causal mask built once for the notebook's T = 6 and sliced (nanoGPT's block_size buffer, at 6)."""
+    T = x.size(1)
+    future = torch.triu(torch.ones(6, 6, dtype=torch.bool, device=x.device), 1)[:T, :T]
+    x = layer.norm1(x + layer.self_attn(x, x, x, attn_mask=future)[0])
+    x = layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return layer.norm3(x + layer.feed_forward(x))
+
+
+def post_norm_mask_on_the_cpu(layer, x, memory, memory_padding):
+    """The causal mask made without device=: it lives on the CPU, whatever the inputs."""
+    T = x.size(1)
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    x = layer.norm1(x + layer.self_attn(x, x, x, attn_mask=future)[0])
+    x = layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return layer.norm3(x + layer.feed_forward(x))
+
+
 def test_post_norm_right_answers():
     for answer in (post_norm_right, post_norm_right_with_a_mask):
         feedback = check_post_norm_decoder_layer(answer)
@@ -862,6 +890,8 @@ def test_post_norm_right_answers():
         (post_norm_allowed_mask, "other convention"),
         (post_norm_residual_outside_the_norm, "values differ"),
         (post_norm_ffn_before_cross, "values differ"),
+        (post_norm_mask_for_the_notebooks_T, "sized for the notebook's T = 6"),
+        (post_norm_mask_on_the_cpu, "without device="),
     ],
 )
 def test_post_norm_wrong_answers_are_told_what_is_wrong(answer, words):
@@ -881,11 +911,13 @@ def test_post_norm_crash_and_scaffold():
 
 
 def test_the_gpu_cases_run_where_there_is_a_gpu(monkeypatch):
-    """Exercises 2 to 4 try one more case on the notebook's GPU; here the CPU stands in for it, so that the
-    code path runs on every machine (right answers pass it)."""
+    """Exercises 2 to 4 try one more case on the notebook's GPU (exercises 2 and 4 on the meta device where
+    there is none); here the CPU stands in for the GPU, so that the code path runs on every machine (right answers
+    pass it)."""
     import attn_course.exercises.ch07 as ch07
 
     monkeypatch.setattr(ch07, "_accelerator", lambda: torch.device("cpu"))
+    monkeypatch.setattr(ch07, "other_device", lambda: torch.device("cpu"))
     assert check_sample_next(sample_right).status == "correct"
     assert check_beam_search(beam_right).status == "correct"
     assert check_post_norm_decoder_layer(post_norm_right).status == "correct"

@@ -17,11 +17,16 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   ``apply_sublayers``, ``Transformer``, PyTorch's decoder layers and ``nn.MultiheadAttention``),
   asks for the inputs' exact dtype (a float64 case too) and names a causal mask in the other
   convention.
-- Exercises 2 to 4 try one more case on the notebook's GPU when there is one (:func:`_accelerator`).
+- Exercise 4 tries a target longer than the notebook's T = 6 too, so that a causal mask built for
+  that size and sliced is named.
+- Exercises 2 and 4 try one more case on another device (:func:`other_device`): the notebook's GPU,
+  or the meta device where there is none, so that a mask or noise made without ``device=`` is named
+  on every machine. Exercise 3 tries one more case on the GPU when there is one (:func:`_accelerator`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,8 +34,9 @@ import torch
 from ..transformer import DecoderLayer, Transformer
 from ..translator import DEFAULT_LEXICON, beam_search, beam_translate, french_noun_phrase
 from ..utils import get_device
-from . import (Mismatch, call, exercise, expect, expect_close, expect_tensor, forbidden, large_scores, other_sizes,
-               padding_cases, randn, rng, tolerance)
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_tensor,
+               forbidden, large_scores, other_device, other_sizes, padding_cases, randn, rng, tolerance)
+from ._core import _StudentCodeFailed
 
 __all__ = ["check_french_noun_phrase", "check_sample_next", "check_beam_search", "check_post_norm_decoder_layer"]
 
@@ -131,7 +137,7 @@ def check_french_noun_phrase(noun_phrase) -> str:
 
 
 def _accelerator() -> torch.device | None:
-    """The GPU where exercises 2 to 4 try one more case (CUDA, then Apple's MPS), or None on a CPU-only machine.
+    """The GPU where exercise 3 tries one more case (CUDA, then Apple's MPS), or None on a CPU-only machine.
     A tensor made there without ``device=`` would live on the CPU, and mixing the two fails."""
     device = get_device()  # CUDA, then MPS, then the CPU: as the notebook's first cell picks
     return device if device.type != "cpu" else None
@@ -223,13 +229,19 @@ def check_sample_next(sample_next) -> str:
     got = expect_tensor(call(sample_next, big, 1.0, torch.Generator().manual_seed(3)), what=what, shape=(4000,),
                         dtype="integer", device=big)
     expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
-    device = _accelerator()
-    if device is not None:  # once more on the GPU, with a generator there, as translate(...) on a GPU does
-        on_device = logits.repeat(500, 1).to(device)  # (1000, 4)
-        for temperature in (0.0, 1.0):
-            what = f"sample_next(logits of shape (1000, 4) on {device}, temperature={temperature})"
-            got = call(sample_next, on_device, temperature, torch.Generator(device=device).manual_seed(0))
-            expect_tensor(got, what=what, shape=(1000,), dtype="integer", device=on_device)
+    # Once more on another device: the notebook's GPU with a generator there, as translate(...) on a GPU does, or
+    # the meta device (with a CPU generator) where there is none, so that noise made without device= is named.
+    device = other_device()
+    on_device = logits.repeat(500, 1).to(device)  # (1000, 4)
+    for temperature in (0.0, 1.0):
+        what = f"sample_next(logits of shape (1000, 4) on the {device.type} device, temperature={temperature})"
+        generator_there = torch.Generator(device=device) if device.type != "meta" else torch.Generator()
+        got = call_elsewhere(sample_next, on_device, temperature, generator_there.manual_seed(0), device=device,
+                             what=what, made_by="torch.rand, torch.empty, torch.zeros, torch.tensor ...",
+                             copy_out_is_a_mistake=False)  # copying to numpy and back is a right answer here
+        if got is not None:
+            got = expect_on_device(got, device, what, dtype="integer")
+            expect_tensor(got, what=what, shape=(1000,), dtype="integer")
     return "greedy at temperature 0, and samples that follow softmax(logits / temperature) row by row, reproducibly."
 
 
@@ -503,6 +515,56 @@ def _layer(E: int, H: int, seed: int) -> DecoderLayer:
     return layer
 
 
+def _longer_than_the_notebook(post_norm_decoder_layer, layer, x, memory, memory_padding, what: str):
+    """The answer's output for a target longer than the notebook's T = 6; a failure that names a mask's or an
+    attention's shape is the mistake of a causal mask sized for the notebook's T."""
+    try:
+        return call(post_norm_decoder_layer, layer, x, memory, memory_padding)
+    except _StudentCodeFailed as failed:
+        text = str(failed.error)
+        if "mask" in text.lower() or "shape" in text.lower() or "size" in text.lower():
+            raise Mismatch(f"{what}: your code raised {type(failed.error).__name__}: "
+                           f"{text.splitlines()[0] if text else ''}. A causal mask sized for the notebook's T = 6 (and "
+                           "sliced to T) does not fit a longer target: build it from the length of h, "
+                           "h.size(1)") from None
+        raise
+
+
+def _post_norm_elsewhere(post_norm_decoder_layer) -> None:
+    """The notebook's sizes once more on another device: the notebook's GPU, or the meta device where there is
+    none (a causal mask made without device= is named)."""
+    device = other_device()
+    layer = _layer(16, 4, 99)
+    g = rng(199)
+    x, memory = randn(2, 6, 16, generator=g), randn(2, 5, 16, generator=g)
+    memory_padding = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    what = (f"post_norm_decoder_layer(layer, h of shape (2, 6, 16), memory of shape (2, 5, 16), memory_padding) with "
+            f"the layer and the inputs on the {device.type} device")
+    there = [t.to(device) for t in (x, memory, memory_padding)]
+
+    @functools.wraps(post_norm_decoder_layer)
+    def answer(*args):  # nn.MultiheadAttention says "attn_mask is on cpu but query is on meta": name the device
+        try:
+            return post_norm_decoder_layer(*args)
+        except ValueError as error:
+            if " is on cpu but " in str(error):
+                raise ValueError(f"{error} (a tensor on the cpu device)") from None
+            raise
+    with torch.no_grad():
+        with forbidden(*_LIBRARY_LAYERS, reason="this exercise asks you to wire the layer's own sub-modules yourself, "
+                                                "not to hand them to a library layer"):
+            got = call_elsewhere(answer, layer.to(device), *there, device=device, what=what,
+                                 made_by="torch.ones, torch.triu, torch.tensor ...")
+    if got is None:
+        return
+    got = expect_on_device(got, device, what, dtype="float")
+    expect_tensor(got, what=what, shape=(2, 6, 16))
+    if device.type != "meta":
+        with torch.no_grad():
+            reference = _post_norm_reference(layer.to(device), *there)
+        expect_close(got, reference, what=f"{what}: the output")
+
+
 def _post_norm_reference(layer: DecoderLayer, x, memory, memory_padding):
     post = DecoderLayer(layer.norm1.normalized_shape[0], layer.self_attn.num_heads,
                         layer.feed_forward.expand.out_features, norm_first=False).eval()
@@ -531,24 +593,25 @@ def check_post_norm_decoder_layer(post_norm_decoder_layer) -> str:
         lengths = [size.S] + [max(1, size.S - 1 - b) for b in range(1, size.B)]
         mask = torch.arange(size.S)[None, :] >= torch.tensor(lengths)[:, None]  # (B, S): right padding
         cases.append((f"sizes {size}", size.B, size.L, size.S, size.E, size.H, mask, float32))
+    # A target longer than the notebook's T = 6 (a causal mask built for that size and sliced does not fit it).
+    cases.append(("a target of T = 40, longer than the notebook's T = 6", 2, 40, 7, 16, 4,
+                  torch.tensor([[False] * 7, [False] * 5 + [True] * 2]), float32))
     cases.append(("float64 inputs and weights", 2, 5, 4, 8, 2, torch.tensor([[False] * 4, [False, False, True, True]]),
                   float64))
-    device = _accelerator()
-    if device is not None:  # the notebook's sizes once more, on the GPU
-        cases.append((f"the notebook's sizes on {device}", *cases[0][1:7], float32))
     for seed, (name, B, T, S, E, H, memory_padding, dtype) in enumerate(cases):
         layer = _layer(E, H, seed).to(dtype)
         g = rng(100 + seed)
         x, memory = randn(B, T, E, generator=g).to(dtype), randn(B, S, E, generator=g).to(dtype)  # (B, T, E), (B, S, E)
-        if name.endswith(f"on {device}"):
-            layer, x, memory, memory_padding = layer.to(device), x.to(device), memory.to(device), memory_padding.to(device)
         what = (f"post_norm_decoder_layer(layer, h of shape (B, T, E) = {(B, T, E)}, memory of shape {(B, S, E)}, "
                 f"memory_padding with {name})")
         with torch.no_grad():
             with forbidden(layer, reason="the layer's own forward is the pre-norm wiring; use its sub-modules"), \
                     forbidden(*_LIBRARY_LAYERS, reason="this exercise asks you to wire the layer's own sub-modules "
                                                        "yourself, not to hand them to a library layer"):
-                got = call(post_norm_decoder_layer, layer, x, memory, memory_padding)
+                if T > 6:
+                    got = _longer_than_the_notebook(post_norm_decoder_layer, layer, x, memory, memory_padding, what)
+                else:
+                    got = call(post_norm_decoder_layer, layer, x, memory, memory_padding)
             reference = _post_norm_reference(layer, x, memory, memory_padding)
             wirings = _wirings(layer, x, memory, memory_padding)
         if isinstance(got, (tuple, list)):
@@ -569,5 +632,6 @@ def check_post_norm_decoder_layer(post_norm_decoder_layer) -> str:
             raise Mismatch(f"{what}: the output equals the input: apply the three sub-layers")
         expect_close(got, reference, what=f"{what}: the output (compared with DecoderLayer(norm_first=False) holding the "
                                           "same weights)")
+    _post_norm_elsewhere(post_norm_decoder_layer)
     return ("your post-norm wiring gives what DecoderLayer(norm_first=False) gives with the same weights (to rounding), "
             "at every size, padding and dtype tried: the original Transformer's layer.")
