@@ -21,8 +21,9 @@ def rope(x, positions, base=10000.0, *, layout="halves", sign=1.0, offset=0, exp
          spread="cat", theta_order="forward", divisor="D"):
     D = x.size(-1)
     if not use_positions:
-        positions = torch.arange(x.size(-2))
-    theta = base ** (-exponent * torch.arange(0, D // 2, dtype=torch.float64) / (D - 2 if divisor == "D - 2" else D))
+        positions = torch.arange(x.size(-2), device=x.device)
+    theta = base ** (-exponent * torch.arange(0, D // 2, dtype=torch.float64, device=x.device) /
+                     (D - 2 if divisor == "D - 2" else D))
     if theta_order == "reversed":
         theta = theta.flip(0)
     angles = (positions.double() + offset)[:, None] * theta * sign
@@ -43,8 +44,9 @@ def rope(x, positions, base=10000.0, *, layout="halves", sign=1.0, offset=0, exp
 def rope_complex(x, positions, base=10000.0):
     """Another formulation: the pairs as complex numbers, multiplied by e^{i m theta}."""
     D = x.size(-1)
-    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    rotation = torch.polar(torch.ones(positions.size(0), D // 2, dtype=torch.float64), positions.double()[:, None] * theta)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    rotation = torch.polar(torch.ones(positions.size(0), D // 2, dtype=torch.float64, device=x.device),
+                           positions.double()[:, None] * theta)
     z = torch.complex(x[..., : D // 2].double(), x[..., D // 2:].double()) * rotation
     return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
 
@@ -120,7 +122,7 @@ def slopes_mpt(num_heads):
 def rope_einsum_4d(x, positions, base=10000.0):
     """Another formulation: the rotation as a (D/2, 2, 2) matrix per position, applied with einsum."""
     D = x.size(-1)
-    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
     a = positions.double()[:, None] * theta  # (T, D/2)
     rot = torch.stack([torch.stack([a.cos(), -a.sin()], -1), torch.stack([a.sin(), a.cos()], -1)], -2)  # (T, D/2, 2, 2)
     pairs = torch.stack([x[..., : D // 2], x[..., D // 2:]], dim=-1).double()  # (..., T, D/2, 2)
@@ -138,7 +140,6 @@ def test_right_answers_pass():
                      check_interleaved_to_halves(interleaved_to_halves),
                      check_interleaved_to_halves(interleaved_to_halves_index),
                      check_interleaved_to_halves(interleaved_to_halves_hf),
-                     check_interleaved_to_halves(lambda w, h: -interleaved_to_halves(w, h)),  # scores unchanged
                      check_far_share(far_share), check_far_share(far_share_loops), check_far_share(far_share_tril),
                      check_far_share(lambda w, q, f: far_share(w.double(), q, f).to(w.dtype))):
         assert feedback.status == "correct", str(feedback)
@@ -153,7 +154,7 @@ def test_rope_computed_in_float32_passes():
     """Angles computed in float32, as the package computes them for float32 inputs."""
     def rope_float32(x, positions, base=10000.0):
         D = x.size(-1)
-        theta = base ** (-torch.arange(0, D, 2) / D)  # float32
+        theta = base ** (-torch.arange(0, D, 2, device=x.device) / D)  # float32
         angles = positions[:, None] * theta  # (T, D/2), float32
         cos, sin = angles.cos(), angles.sin()
         first, second = x[..., : D // 2].float(), x[..., D // 2:].float()
@@ -260,14 +261,15 @@ def _slopes_private_helper(num_heads):
 def far_share(weights, first_query, far, *, align="bottom_right", strict=False, near=False, every_query=False,
               key_mean=False, query_sum=False, first_sequence=False, head_mean=False, by_key_position=False):
     L, S = weights.shape[-2:]
-    query_pos = torch.arange(S - L, S) if align == "bottom_right" else torch.arange(L)  # (L,)
-    offset = query_pos[:, None] - torch.arange(S)[None, :]  # (L, S): i - j
+    device = weights.device
+    query_pos = torch.arange(S - L, S, device=device) if align == "bottom_right" else torch.arange(L, device=device)
+    offset = query_pos[:, None] - torch.arange(S, device=device)[None, :]  # (L, S): i - j
     is_far = offset > far if strict else offset >= far
     if near:
         is_far = (offset < far) & (offset >= 0)
     if by_key_position:
-        is_far = (torch.arange(S)[None, :] >= far) & (offset >= 0)
-    rows = torch.ones(L, dtype=torch.bool) if every_query else query_pos >= first_query
+        is_far = (torch.arange(S, device=device)[None, :] >= far) & (offset >= 0)
+    rows = torch.ones(L, dtype=torch.bool, device=device) if every_query else query_pos >= first_query
     w = weights[:1] if first_sequence else weights
     per_row = (w * is_far).sum(dim=-1)  # (B, H, L)
     if key_mean:
@@ -294,17 +296,54 @@ def far_share_loops(weights, first_query, far):
 
 
 def far_share_tril(weights, first_query, far):
-    """Another formulation: the far keys as a lower triangle below the diagonal S - L - far, in numpy."""
+    """Another formulation: the far keys as a lower triangle below the diagonal S - L - far, in numpy (copied to
+    the CPU first, so that it runs on a GPU too)."""
     L, S = weights.shape[-2:]
     is_far = np.tril(np.ones((L, S)), k=S - L - far)
     rows = np.arange(S - L, S) >= first_query
-    return ((weights.numpy() * is_far).sum(-1)[..., rows]).mean(-1).mean(0)
+    return ((weights.cpu().numpy() * is_far).sum(-1)[..., rows]).mean(-1).mean(0)
 
 
 def _far_share_in_place(weights, first_query, far):
     L, S = weights.shape[-2:]
     weights *= (torch.arange(S - L, S)[:, None] - torch.arange(S)[None, :]) >= far
     return weights.sum(dim=-1)[..., torch.arange(S - L, S) >= first_query].mean(dim=(0, 2))
+
+
+def _far_share_negative_slice(weights, first_query, far):
+    """Rows sliced from first_query - (S - L): a negative start when first_query comes before the first query."""
+    L, S = weights.shape[-2:]
+    query_pos = torch.arange(S - L, S, device=weights.device)
+    offset = query_pos[:, None] - torch.arange(S, device=weights.device)[None, :]
+    return (weights * (offset >= far)).sum(-1)[:, :, int(first_query) - (S - L):].mean(dim=(0, 2))
+
+
+def _far_share_cpu_only(weights, first_query, far):
+    """Right on the CPU, but the positions are made without device=."""
+    L, S = weights.shape[-2:]
+    query_pos = torch.arange(S - L, S)
+    offset = query_pos[:, None] - torch.arange(S)[None, :]
+    return (weights * (offset >= far)).sum(-1)[:, :, query_pos >= first_query].mean(dim=(0, 2))
+
+
+def _rope_cpu_only(x, positions, base=10000.0):
+    """Right on the CPU, but the frequencies are made without device=."""
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = positions.double()[:, None] * theta
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def _convert_negate_pair(weight, num_heads):
+    """The same scores (pair 0 negated in both the query and the key), but not a permutation of the rows."""
+    out = interleaved_to_halves(weight, num_heads).clone()
+    D = weight.size(0) // num_heads
+    view = out.view(num_heads, D, -1)
+    view[:, 0] *= -1
+    view[:, D // 2] *= -1
+    return out
 
 
 # --- wrong answers say what is wrong --------------------------------------------------------------
@@ -373,6 +412,15 @@ def _far_share_in_place(weights, first_query, far):
         (check_far_share, lambda w, q, f: far_share(w, q, f).half(), "float16"),
         (check_far_share, lambda w, q, f: far_share(w[:, :, -1:], q, f), "values differ"),  # the last query only
         (check_far_share, _far_share_in_place, "changed its input `weights` in place"),
+        # the second fresh review (chapter-09-second.md): a negative slice, tensors made on the CPU, a converter that
+        # changes the dtype or the numbers
+        (check_far_share, _far_share_negative_slice, "negative here"),
+        (check_far_share, _far_share_cpu_only, "without device="),
+        (check_rotate_half_rope, _rope_cpu_only, "without device="),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h).float(), "float64 and your result is float32"),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h).double(), "float32 and your result is float64"),
+        (check_interleaved_to_halves, lambda w, h: -interleaved_to_halves(w, h), "not exactly the old rows moved"),
+        (check_interleaved_to_halves, _convert_negate_pair, "not exactly the old rows moved"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):

@@ -6,7 +6,9 @@ They use the shared mechanism of ``attn_course.exercises``: the package forbidde
 asks for plain torch (``forbid=("attn_course",)``), inputs watched for changes in place, sizes unlike
 the notebook's (one pair, an odd number of pairs, a single position, heads as a leading axis, one head,
 head counts up to BLOOM's 112), float32 as well as float64, and slopes given as a list, a numpy array
-or a tensor. Exercise 4 measures the share of attention that goes far, for whole sequences and for cached
+or a tensor. Exercises 1 and 4 try one case more on another device (:func:`attn_course.exercises.other_device`:
+the accelerator, else PyTorch's meta device), so that a tensor made without ``device=`` is named; exercise 3
+demands the input's dtype and exactly the permuted rows. Exercise 4 measures the share of attention that goes far, for whole sequences and for cached
 steps (the queries at the last L positions). The module's own reference helpers are forbidden too
 (``_PRIVATE``): an answer that calls them has not done the exercise.
 """
@@ -19,7 +21,8 @@ import torch
 
 from ..alibi import alibi_slopes
 from ..rotary import apply_rotary_embedding
-from . import Mismatch, call, exercise, expect_close, expect_tensor, randn, rng
+from . import (Mismatch, call, call_elsewhere, exercise, expect_close, expect_on_device, expect_tensor, other_device,
+               randn, rng)
 
 __all__ = ["check_rotate_half_rope", "check_alibi_slopes", "check_interleaved_to_halves", "check_far_share"]
 
@@ -196,6 +199,20 @@ def check_rotate_half_rope(rope) -> str:
         if not _close(got, expected, atol=1e-4):
             _rope_mistakes(got, x, positions, base, what)
         expect_close(got, expected, what=what, atol=1e-4, rtol=1e-4)
+    # Once more with x and the positions on another device (a GPU, or the meta device standing in for one): the
+    # frequencies and angles must be made there too. An answer that copies the positions out to a list cannot be
+    # judged on meta: the cases above judged it.
+    device = other_device()
+    x, positions = randn(2, 5, 8, generator=g), torch.tensor([0, 3, 7, 12, 40])
+    what = f"rope(x, positions={positions.tolist()}) with x (float32) and the positions on the {device.type} device"
+    got = call_elsewhere(rope, x.to(device), positions.to(device), 10000.0, device=device, what=what,
+                         copy_out_is_a_mistake=False)
+    if got is not None:
+        got = expect_on_device(got, device, what)
+        expect_tensor(got, what=what, shape=x.shape, dtype="float")
+        if device.type != "meta":
+            expect_close(got, apply_rotary_embedding(x, positions, interleaved=False).to(device), what=what,
+                         atol=1e-4, rtol=1e-4)
     return ("your rotation equals attn_course.apply_rotary_embedding(x, positions, interleaved=False), the layout of "
             "the GPT-NeoX code and of Hugging Face's Llama, for any leading axes, head width and dtype.")
 
@@ -270,11 +287,22 @@ def check_interleaved_to_halves(convert) -> str:
         what_k = f"interleaved_to_halves(weight_k of shape {(H * D, E)}, num_heads={H})"
         new_q = expect_tensor(call(convert, weight_q, H), what=what_q, shape=(H * D, E), dtype="float", device=weight_q)
         new_k = expect_tensor(call(convert, weight_k, H), what=what_k, shape=(H * D, E), dtype="float", device=weight_k)
-        got = _per_head_scores(new_q.double(), new_k.double(), x, H, interleaved=False)
-        if _close(got, expected, atol=1e-5):
-            continue
+        for new, what in ((new_q, what_q), (new_k, what_k)):  # a permutation moves numbers: it changes no dtype
+            if new.dtype != dtype:
+                raise Mismatch(f"{what}: the weight is {str(dtype).replace('torch.', '')} and your result is "
+                               f"{str(new.dtype).replace('torch.', '')}: moving rows changes no number, so return the "
+                               "weight's own dtype (a converter that changes it shrinks or doubles the checkpoint)")
         evens_odds = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
         per_head = lambda order: weight_q.view(H, D, E)[:, order].reshape(H * D, E)  # noqa: E731
+        got = _per_head_scores(new_q.double(), new_k.double(), x, H, interleaved=False)
+        if _close(got, expected, atol=1e-5):
+            for new, weight, what in ((new_q, weight_q, what_q), (new_k, weight_k, what_k)):
+                right = weight.view(H, D, E)[:, evens_odds].reshape(H * D, E)
+                if not torch.equal(new, right):
+                    raise Mismatch(f"{what}: the scores agree, but your rows are not exactly the old rows moved "
+                                   f"(largest change {float((new.double() - right.double()).abs().max()):.3g}): a "
+                                   "permutation moves the numbers of each row and changes none of them")
+            continue
         candidates = {
             "you applied the inverse permutation (halves -> interleaved); the new row i of each head must be the old "
             "row that the half layout rotates as coordinate i": per_head(torch.argsort(evens_odds)),
@@ -322,6 +350,7 @@ def check_far_share(far_share) -> str:
         (1, 3, 5, 9, np.int64(5), np.int64(2), torch.float32),  # numpy integers, float32
         (2, 5, 1, 7, 6, 6, torch.float64),  # one query; only key 0 is 6 back
         (2, 3, 16, 16, 0, 1, torch.float64),  # every query; every key but the query itself
+        (2, 3, 4, 10, 4, 2, torch.float64),  # a cached step whose queries (6 to 9) all come after first_query
     ]
     for B, H, L, S, first_query, far, dtype in cases:
         weights = _causal_weights(B, H, L, S, g, dtype)
@@ -337,6 +366,17 @@ def check_far_share(far_share) -> str:
         if not _close(answer, expected.double(), atol=1e-5):
             _far_share_mistakes(answer, weights, int(first_query), int(far), what)
         expect_close(got, expected, what=what)
+    # Once more with the weights on another device (a GPU, or the meta device standing in for one): the positions
+    # must be made there too. Selecting rows by a boolean mask needs values, so meta cannot judge every answer:
+    # the cases above did.
+    device = other_device()
+    weights = _causal_weights(2, 3, 4, 10, g, torch.float32)
+    what = f"far_share(weights of shape (2, 3, 4, 10) (float32) on the {device.type} device, first_query=7, far=2)"
+    got = call_elsewhere(far_share, weights.to(device), 7, 2, device=device, what=what, copy_out_is_a_mistake=False)
+    if isinstance(got, torch.Tensor):
+        got = expect_on_device(got, device, what)
+        if device.type != "meta":
+            expect_close(got.cpu(), _far_share(weights, 7, 2).to(weights.dtype), what=what)
     return ("your shares match for whole sequences and for cached steps (queries at the last L positions), in "
             "float32 and float64: the measurement of section 6, for any block of queries.")
 
@@ -378,6 +418,13 @@ def _far_share_mistakes(answer: torch.Tensor, weights: torch.Tensor, first_query
         "your shares count keys by their position (j >= far), not by their distance from the query (i - j >= far)":
             share(right_pos, (key_pos >= far) & (key_pos <= right_pos), rows),
     }
+    if first_query < S - L:  # rows sliced from first_query - (S - L): negative here, so Python counts from the end
+        start = first_query - (S - L)
+        if start > -L:
+            candidates[f"you kept the rows from index first_query - (S - L) = {start}, which is negative here: Python "
+                       f"counts it from the end and keeps only the last {-start} rows. When first_query is before "
+                       f"the first query's position ({S - L}) every row is kept"] = \
+                share(right_pos, (right_pos - key_pos) >= far, torch.arange(L) >= L + start)
     for mistake, wrong in candidates.items():
         if not _close(wrong, expected, atol=1e-7) and _close(answer, wrong, atol=1e-5):
             raise Mismatch(f"{what}: {mistake}")
