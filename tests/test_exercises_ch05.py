@@ -399,6 +399,17 @@ def cross_float64_result(queries, memory, mha, key_padding_mask):  # the course'
     return cross_attention(queries, memory, mha, key_padding_mask).double()
 
 
+def cross_softmax_in_float32(queries, memory, mha, key_padding_mask):  # the third review: rejected until now
+    # the common habit: only the softmax in float32, cast back; for float64 inputs it is judged at float32's
+    # tolerance, as an answer computed wholly in float32 is (the course's dtype rule)
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    weights = torch.softmax(s.float(), -1).to(s.dtype).nan_to_num(0.0)
+    return mha.out_proj(merge_heads(weights @ v))
+
+
 RIGHT = [
     (check_split_heads, split_heads),
     (check_split_heads, split_unflatten),
@@ -418,6 +429,7 @@ RIGHT = [
     (check_cross_attention, cross_attention),
     (check_cross_attention, cross_einsum),
     (check_cross_attention, cross_float64_result),
+    (check_cross_attention, cross_softmax_in_float32),
     # the course's dtype rule: a half-precision result of full-precision inputs is rejected, the converse passes
     # (the exercise's text says so)
     (check_cross_attention, cross_upcast),
@@ -500,6 +512,8 @@ WRONG = [
     (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv, h)[:2], "got 2 item(s)"),
     (check_split_fused_qkv, lambda qkv, h: tuple(t * 1.01 for t in split_fused_qkv(qkv, h)), "values differ"),
     (check_split_fused_qkv, lambda qkv, h: split_fused_qkv(qkv.float(), h), "only to float32 precision"),
+    # the third review: q, k, v stacked on axis 1 (with B = 3 it read as a stack on axis 0; no hint until now)
+    (check_split_fused_qkv, lambda qkv, h: torch.stack(split_fused_qkv(qkv, h), dim=1), "stacked q, k and v on axis 1"),
     (check_split_fused_qkv, lambda qkv, h: (lambda q, k, v: (q, k, v.float()))(*split_fused_qkv(qkv, h)),
      "only to float32 precision"),
     # Exercise 3: qk_head_dim ignored, values or output narrowed too, d_k taken as the total width, the output
