@@ -279,6 +279,36 @@ def update_unshifted_float64(running_max, running_sum, block):
     return new_max, (total / torch.exp(new_max.double())).to(block.dtype)
 
 
+def update_rescaled_after(running_max, running_sum, block):
+    """Wrong (third review): exponentiates score - old maximum, positive when the block raises the maximum, and
+    rescales the sum afterwards; right in exact arithmetic, inf when the maximum jumps by more than 88.7 (float32)."""
+    new_max = torch.maximum(running_max, block.amax(dim=-1))
+    reference = torch.where(torch.isinf(running_max), new_max, running_max)
+    return new_max, (running_sum + torch.exp(block - reference[:, None]).sum(-1)) * torch.exp(reference - new_max)
+
+
+def causal_tile_rescaled_after(query_tile, keys, values, first_query, block_size, upcast=False):
+    """Wrong (third review): the same mistake inside the tile loop, p = exp(s - old m), then both rescaled by
+    exp(old m - m_new); with upcast, computed in float64 and cast back (finite near 100, not near 1000)."""
+    dtype = query_tile.dtype
+    if upcast:
+        query_tile, keys, values = query_tile.double(), keys.double(), values.double()
+    Lb, D = query_tile.shape
+    kw = dict(dtype=query_tile.dtype, device=query_tile.device)
+    m, l, acc = torch.full((Lb, 1), float("-inf"), **kw), torch.zeros(Lb, 1, **kw), torch.zeros(Lb, values.size(1), **kw)
+    positions = first_query + torch.arange(Lb, device=query_tile.device)[:, None]
+    tiles = 0
+    for start in range(0, min(keys.size(0), first_query + Lb), block_size):
+        tiles += 1
+        s = query_tile @ keys[start:start + block_size].T / math.sqrt(D)
+        s = s.masked_fill(start + torch.arange(s.size(1), device=s.device)[None] > positions, float("-inf"))
+        new = torch.maximum(m, s.amax(1, keepdim=True))
+        reference = torch.where(torch.isinf(m), new, m)
+        p, c = torch.exp(s - reference), torch.exp(reference - new)
+        l, acc, m = (l + p.sum(1, keepdim=True)) * c, (acc + p @ values[start:start + block_size]) * c, new
+    return (acc / l).to(dtype), tiles
+
+
 def update_float64_result(running_max, running_sum, block):
     """Right formulas, float64 result for float32 inputs: passes, by the course's dtype policy (as does the reverse)."""
     return update(running_max.double(), running_sum.double(), block.double())
@@ -357,6 +387,13 @@ def test_the_question_is_part_of_exercise_3():
                                                        (s * torch.exp(m) + torch.exp(b).sum(-1)) * torch.exp(-torch.maximum(m, b.amax(-1)))),
          "overflows float32"),  # the review's accepted answer: right in exact arithmetic, inf near 100
         (check_online_softmax_update, update_unshifted_float64, "overflows even float64"),
+        # the third review's accepted answers: exp(score - old maximum), positive when a block raises the maximum,
+        # rescaled afterwards (inf where the maximum jumps by 100 in float32, or by 1000 in float64)
+        (check_online_softmax_update, update_rescaled_after, "You exponentiated score - old maximum"),
+        (check_online_softmax_update, lambda m, s, b: tuple(x.to(b.dtype) for x in update_rescaled_after(m.double(), s.double(), b.double())),
+         "jumps by about 1000"),
+        (check_causal_tile_attention, causal_tile_rescaled_after, "against the old running maximum"),
+        (check_causal_tile_attention, lambda *a: causal_tile_rescaled_after(*a, upcast=True), "raises the maximum by about 1000"),
         (check_online_softmax_update, lambda m, s, b: tuple(x.double() for x in update_unshifted_float64(m, s, b)),
          "overflows even float64"),
         # exercise 2 (second review): no loop by broadcasting, one product per query row, a fixed device, and the

@@ -85,7 +85,13 @@ def check_online_softmax_update(update) -> str:
                ("1 row of 7 scores in blocks of 1", randn(1, 7, generator=generator, dtype=torch.float64), 1),
                ("5 rows of 9 scores in blocks of 4", randn(5, 9, generator=generator, dtype=torch.float64, scale=2.0), 4),
                ("4 rows of 8 float32 scores near +100 and -100, in blocks of 3", large_scores(4, 8, generator=generator), 3),
-               ("4 rows of 8 float64 scores near +1000 and -1000, in blocks of 3", _near_1000(generator), 3)]
+               ("4 rows of 8 float64 scores near +1000 and -1000, in blocks of 3", _near_1000(generator), 3),
+               # the maximum jumps far up between blocks: an answer that exponentiates score - old maximum (> 0
+               # then) and rescales afterwards overflows there, while every stream above leaves it finite
+               ("2 rows of 6 float32 scores whose maximum jumps by about 100 between blocks, in blocks of 3",
+                _jumping(torch.float32, 100.0), 3),
+               ("2 rows of 6 float64 scores whose maximum jumps by about 1000 between blocks, in blocks of 3",
+                _jumping(torch.float64, 1000.0), 3)]
     for description, rows, size in streams:
         what = f"update(...) on a stream of {description}"
         R = rows.size(0)
@@ -94,6 +100,12 @@ def check_online_softmax_update(update) -> str:
             state = _pair(call(update, state[0], state[1], rows[:, start:start + size]), what)
         final_max = expect_tensor(state[0], what=f"{what}: the final running maximum", shape=(R,), dtype="float")
         final_sum = expect_tensor(state[1], what=f"{what}: the final running sum", shape=(R,), dtype="float")
+        if (not bool(torch.isfinite(final_sum).all()) or not bool((final_sum > 0).all())) and "jumps" in description:
+            raise Mismatch(f"{what}: your sums became inf or NaN where a block raises the row's maximum by about "
+                           f"{100 if rows.dtype == torch.float32 else 1000}. You exponentiated score - old maximum, which "
+                           "is positive when a block raises the maximum: it overflows (above exp(88.7) in float32, "
+                           "exp(709) in float64), and rescaling by exp(old maximum - new maximum) afterwards comes too "
+                           "late. Exponentiate the block against the new maximum, so that every exponent is at most 0.")
         if not bool(torch.isfinite(final_sum).all()) or not bool((final_sum > 0).all()):
             huge = rows.abs().amax() > 500  # the float64 stream near +-1000
             raise Mismatch(f"{what}: your sums became {'0, ' if bool((final_sum == 0).any()) else ''}inf or NaN. "
@@ -121,6 +133,13 @@ def _near_1000(generator) -> torch.Tensor:
     rows[1::2] -= 1000.0
     rows[2, 5] += 20.0  # a late maximum
     return rows
+
+
+def _jumping(dtype: torch.dtype, jump: float) -> torch.Tensor:
+    """(2, 6) scores whose first block of 3 lies near 0 and whose second lies about ``jump`` higher."""
+    rows = torch.tensor([[-2.0, 0.0, 1.0, -3.0, -1.0, 0.0], [0.5, -1.0, 2.0, 1.0, -2.0, -0.5]], dtype=torch.float64)
+    rows[:, 3:] += jump
+    return rows.to(dtype)
 
 
 def _causal_rows(query_tile, keys, values, first_query: int, block_size: int = 1, *, mask: str = "causal",
@@ -247,10 +266,17 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         ("one tile larger than the sequence", 3, 7, 4, 3, 4, 16, torch.float64, 1.0),
         ("float32 scores near 100", 4, 12, 8, 5, 6, 4, torch.float32, 12.0),
         ("one query late in the sequence, six tiles of 2 keys to read", 1, 14, 4, 3, 10, 2, torch.float64, 1.0),
+        ("float32 scores near 0 in the first key tile and near 100 in the later ones", 2, 8, 4, 3, 4, 2, torch.float32, 1.0),
+        ("float64 scores near 0 in the first key tile and near 1000 in the later ones", 2, 8, 4, 3, 4, 2, torch.float64, 1.0),
     ]
     for description, Lb, S, D, Dv, first_query, block_size, dtype, key_scale in cases:
         query_tile = randn(Lb, D, generator=generator, dtype=dtype, scale=key_scale)
         keys = randn(S, D, generator=generator, dtype=dtype, scale=key_scale)
+        jump = 100.0 if "near 100 in" in description else 1000.0 if "near 1000 in" in description else 0.0
+        if jump:  # coordinate 0: 10 in every query, 0 in the first tile's keys, then jump * sqrt(D) / 10, so that
+            query_tile[:, 0] = 10.0  # the maximum rises by about `jump` at the second tile
+            keys[:block_size, 0] = 0.0
+            keys[block_size:, 0] = jump * math.sqrt(D) / 10.0
         values = randn(S, Dv, generator=generator, dtype=dtype)
         what = (f"causal_tile_attention(query_tile of shape {(Lb, D)}, keys of shape {(S, D)}, values of shape {(S, Dv)}, "
                 f"first_query={first_query}, block_size={block_size}) on {description}")
@@ -272,6 +298,12 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                            "at or before the last query's position holds keys that query sees; stop only at a tile that "
                            "starts *after* it. A query none of whose visible keys was read keeps l = 0, and acc / l is "
                            "NaN.")
+        if (torch.isnan(got).any() or torch.isinf(got).any()) and jump:
+            raise Mismatch(f"{what}: your output holds NaN or inf. The second key tile raises the maximum by about "
+                           f"{jump:.0f}: did you exponentiate the scores against the old running maximum (score - m, "
+                           "positive when a tile raises the maximum) and rescale by exp(m - m_new) afterwards? That "
+                           "overflows (above exp(88.7) in float32, exp(709) in float64) before the rescaling can help. "
+                           "Compute m_new first and exponentiate the tile against it, so that every exponent is at most 0.")
         if torch.isnan(got).any() or torch.isinf(got).any():
             raise Mismatch(f"{what}: your output holds NaN or inf"
                            + (": with scores near 100, exp(score) overflows float32; exponentiate only differences "
