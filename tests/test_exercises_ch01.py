@@ -214,6 +214,11 @@ def general_float64_result(s, H, W_a):  # the course's dtype policy: a float64 r
     return (weights[:, :, None] * H.double()).sum(1), weights
 
 
+def general_values_detached(s, H, W_a):  # the third review's accepted answer: H reaches the context only via the weights
+    weights = torch.softmax((H @ (s @ W_a)[:, :, None])[..., 0], dim=-1)
+    return (weights[:, :, None] * H.detach()).sum(1), weights
+
+
 # --- Exercise 2 -----------------------------------------------------------------------------------
 
 def luong_right(s, H, padding_mask):
@@ -415,6 +420,18 @@ def luong_float64_result(s, H, padding_mask):  # the course's dtype policy: a fl
     return (weights[:, :, None] * H.double()).sum(1), weights
 
 
+def luong_values_detached(s, H, padding_mask):  # the third review's accepted answer: the same H.detach()
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf"))
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1))
+    return (weights[:, :, None] * H.detach()).sum(1), weights
+
+
+def luong_softmax_half(s, H, padding_mask):  # the third review's: rejected, but only as "values differ"
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf"))
+    weights = torch.nan_to_num(torch.softmax(scores.half(), dim=-1)).to(s.dtype)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
 # --- Exercise 3 -----------------------------------------------------------------------------------
 
 def inputs_right(target, bos_id):
@@ -513,6 +530,17 @@ def inputs_empty_like(target, bos_id):  # and another
     out[:, 0] = bos_id
     out[:, 1:] = target[:, :-1]
     return out
+
+
+def inputs_tolist(target, bos_id):  # the third review's rejected right answer: a list, then the target's dtype and device
+    rows = [[int(bos_id)] + row[:-1] for row in target.tolist()]
+    return torch.tensor(rows, dtype=target.dtype, device=target.device)
+
+
+def inputs_numpy(target, bos_id):  # and another: numpy on the CPU, moved back to the target's device
+    ids = target.cpu().numpy()
+    column = np.full((ids.shape[0], 1), int(bos_id), dtype=ids.dtype)
+    return torch.from_numpy(np.concatenate([column, ids[:, :-1]], axis=1)).to(target.device)
 
 
 # --- Exercise 4 -----------------------------------------------------------------------------------
@@ -650,6 +678,30 @@ def token_private_helper(decoder, previous_tokens, state, states):  # the score 
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
+def token_query_state_detached(decoder, previous_tokens, state, states):  # the third review's: no BPTT through the query
+    y_prev = decoder.embedding(previous_tokens)
+    context, weights = attend(decoder, torch.cat([state.detach(), y_prev], dim=-1), states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_query_token_detached(decoder, previous_tokens, state, states):  # the third review's: the embedding learns
+    y_prev = decoder.embedding(previous_tokens)                          # nothing through the query
+    context, weights = attend(decoder, torch.cat([state, y_prev.detach()], dim=-1), states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_values_detached(decoder, previous_tokens, state, states):  # the third review's: the encoder gets no gradient
+    attention = decoder.attention                                     # through the values
+    y_prev = decoder.embedding(previous_tokens)
+    hidden = torch.tanh(attention.W(torch.cat([state, y_prev], dim=-1))[:, None, :] + attention.U(states))
+    weights = torch.softmax(attention.v(hidden)[..., 0], dim=-1)
+    context = (weights[:, :, None] * states.detach()).sum(1)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_general_attention, general_right, "correct", "widths differ"),
@@ -759,6 +811,14 @@ CASES = [
     (check_luong_attention, luong_float64_result, "correct", "not NaN"),
     (check_token_query_step, token_weights_no_grad, "incorrect", "no gradient reaches the attention's W, U, v"),
     (check_token_query_step, token_private_helper, "correct", "token_in_query=True"),
+    (check_general_attention, general_values_detached, "incorrect", "the gradient that reaches H through them differs"),
+    (check_luong_attention, luong_values_detached, "incorrect", "the gradient that reaches H through them differs"),
+    (check_luong_attention, luong_softmax_half, "incorrect", "rounding of half precision"),
+    (check_teacher_forcing_inputs, inputs_tolist, "correct", "never the token"),
+    (check_teacher_forcing_inputs, inputs_numpy, "correct", "never the token"),
+    (check_token_query_step, token_query_state_detached, "incorrect", "the gradient that reaches the state s_(i-1)"),
+    (check_token_query_step, token_query_token_detached, "incorrect", "reaches decoder.embedding.weight"),
+    (check_token_query_step, token_values_detached, "incorrect", "reaches the encoder states"),
 ]
 
 

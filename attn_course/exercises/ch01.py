@@ -27,7 +27,7 @@ from ..alignment import AdditiveAttention, DotProductAttention, _weights_and_con
 from ..rnn import AttentionDecoder, shift_right
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_sequence,
                expect_tensor, large_scores, other_device, other_sizes, padding_cases, padding_mask_for, randn,
-               rng)
+               rng, tolerance)
 from ._core import _StudentCodeFailed
 
 __all__ = ["check_general_attention", "check_luong_attention", "check_teacher_forcing_inputs",
@@ -75,10 +75,12 @@ def _keeps_dtype(got: torch.Tensor, inputs_dtype: torch.dtype, what: str) -> Non
                        "new_zeros, full_like); or compute without making new tensors")
 
 
-def _trains_through(fn, inputs: dict, what: str, outputs=("context", "weights")) -> None:
+def _trains_through(fn, inputs: dict, what: str, reference, outputs=("context", "weights")) -> None:
     """Call the answer on copies of ``inputs`` that require grad; each floating result must carry a gradient to
     every floating input (a result made under torch.no_grad(), detached, or rebuilt from numpy or .item() cannot
-    be trained through, although its values are right)."""
+    be trained through, although its values are right), and that gradient must be the one ``reference`` (the
+    check's own computation, called with the same inputs) gives: one use of an input detached (``H.detach()`` in
+    the weighted sum) leaves a gradient that reaches the input by its other paths, but a different one."""
     if not torch.is_grad_enabled():
         return
     leaves = {name: (value.detach().clone().requires_grad_(True) if value.is_floating_point() else value)
@@ -117,6 +119,31 @@ def _trains_through(fn, inputs: dict, what: str, outputs=("context", "weights"))
                            "gradient must reach the decoder state, the encoder states and the layer's parameters; "
                            "only decoding at test time runs without gradients (the notebook's demonstration cells "
                            "use torch.no_grad() because they train nothing)")
+        wanted = reference(*leaves.values())[outputs.index(output)]
+        expected = torch.autograd.grad((wanted * weights).sum(), floating, allow_unused=True)
+        _same_gradients(grads, expected, names, f"{output} of {what}")
+
+
+def _same_gradients(got, expected, names, what: str) -> None:
+    """Compare the gradients of the answer's result with those of the reference's, input by input (both along the
+    same random direction); a difference names the input and the usual cause, a use of it that was detached.
+
+    Local to this chapter: the shared mechanism has no helper that compares gradients."""
+    for name, grad, want in zip(names, got, expected):
+        want = torch.zeros(()) if want is None else want.detach()
+        grad = torch.zeros_like(want) if grad is None else grad.detach()
+        # Gradients are sums over the source positions and the widths: the float32 tolerance of the values,
+        # ten times looser, keeps a right answer computed in another order (einsum, bmm) inside it.
+        atol, rtol = tolerance(grad.dtype, want.dtype)
+        close = torch.isclose(grad.double().cpu(), want.double().cpu().expand_as(grad.double()), atol=10 * atol,
+                              rtol=10 * rtol)
+        if not bool(close.all()):
+            gap = float((grad.double() - want.double()).abs().max())
+            raise Mismatch(f"{what}: right values, but the gradient that reaches {name} through them differs from "
+                           f"the reference's (by up to {gap:.3g}): one use of {name} (or of a value computed from "
+                           "it) in your computation was detached (.detach(), .data, or a value rebuilt from it), so "
+                           "that path of the gradient is cut while the others still arrive. Training would follow a "
+                           f"wrong gradient: keep every use of {name} in the graph")
 
 
 def _low_precision_sums(w: torch.Tensor) -> bool:
@@ -287,7 +314,7 @@ def check_general_attention(general_attention) -> str:
     # Inputs that require grad: the context and the weights must carry a gradient to s, H and W_a.
     _trains_through(general_attention, {"s": randn(3, 4, generator=generator), "H": randn(3, 5, 6, generator=generator),
                                         "W_a": randn(4, 6, generator=generator)},
-                    "general_attention(s, H, W_a) for s, H and W_a that require grad")
+                    "general_attention(s, H, W_a) for s, H and W_a that require grad", _general)
     # Another device: the notebook's GPU, or the meta device.
     device = other_device()
     s, H, W_a = (randn(3, 4, generator=generator), randn(3, 5, 6, generator=generator),
@@ -339,6 +366,10 @@ def check_luong_attention(luong_attention) -> str:
         if s.dtype == torch.float64:
             _keeps_dtype(weights, s.dtype, what)
         expected_context, expected_weights = reference(s, H, key_padding_mask=padding_mask)
+        w, real = weights.detach().double(), ~padding_mask.all(dim=-1)  # rows with at least one real token
+        if bool(real.any()) and not torch.allclose(w.nan_to_num(), expected_weights.double(), atol=1e-5, rtol=1e-4) \
+                and _low_precision_sums(w[real]):
+            raise Mismatch(f"{what}: {_LOW_PRECISION}; got row sums {[round(v, 4) for v in w.sum(-1).tolist()]}")
         return what, context, weights, expected_context, expected_weights
 
     # 1. The notebook's case: five, two and no real tokens (right padding), with the named mistakes.
@@ -494,7 +525,8 @@ def check_luong_attention(luong_attention) -> str:
     _trains_through(luong_attention, {"s": randn(3, 4, generator=generator), "H": randn(3, 5, 4, generator=generator),
                                       "padding_mask": torch.stack([padding_mask_for([5], 5)[0], padding_mask_for([3], 5)[0],
                                                                    padding_mask_for([2], 5, side="left")[0]])},
-                    "luong_attention(s, H, padding_mask) for s and H that require grad")
+                    "luong_attention(s, H, padding_mask) for s and H that require grad",
+                    lambda s, H, mask: DotProductAttention()(s, H, key_padding_mask=mask))
 
     # 8. Another device: the notebook's GPU, or the meta device.
     device = other_device()
@@ -587,7 +619,10 @@ def check_teacher_forcing_inputs(teacher_forcing_inputs) -> str:
     device = other_device()
     other = torch.randint(0, 10, (3, 6), generator=generator)
     shown = f"teacher_forcing_inputs(target, 11) for a target of shape (3, 6) on {_where(device)}"
-    got = call_elsewhere(teacher_forcing_inputs, other.to(device), bos_id, device=device, what=shown)
+    # Token ids carry no gradient: a right answer may build the result on the CPU (.tolist(), numpy) and move it to
+    # the target's device. On the meta device such an answer cannot be judged (the CPU cases judged it).
+    got = call_elsewhere(teacher_forcing_inputs, other.to(device), bos_id, device=device, what=shown,
+                         copy_out_is_a_mistake=False)
     if got is not None:
         got = expect_on_device(got, device, shown)
         expect_tensor(got, what=shown, shape=(3, 6), dtype=other.dtype)
@@ -629,6 +664,36 @@ def _token_step_variants(decoder, tokens, state, states):
         "the output layer reads [s_i; c_i], the new state first, then the context: you swapped them":
             finish(torch.cat([state, y], dim=-1), output_order="c,s"),
     }
+
+
+def _step_gradients(token_query_step, decoder, tokens, state, states, shapes: str, generator) -> None:
+    """Call the answer on a state and encoder states that require grad; the gradients that its logits and new
+    state send to the state, the encoder states and every parameter of the decoder (the embedding, W, U, v, the
+    GRU, the output layer) must be those of ``decoder.step``. A use of one of them detached (``state.detach()`` in
+    the query, as truncated backpropagation would, ``y.detach()``, ``states.detach()`` in the weighted sum) leaves
+    right values and a gradient that still arrives by the other paths, but a different one."""
+    leaf_state = state.detach().clone().requires_grad_(True)
+    leaf_states = states.detach().clone().requires_grad_(True)
+    named = [("the state s_(i-1)", leaf_state), ("the encoder states", leaf_states)]
+    named += [(f"decoder.{name}", parameter) for name, parameter in decoder.named_parameters()]
+    names, inputs = [name for name, _ in named], [tensor for _, tensor in named]
+    what = f"token_query_step(decoder, ...) for {shapes}, with a state and encoder states that require grad"
+    # Non-leaf copies, as a layer inside a model receives them (an in-place op on a leaf that requires grad raises).
+    result = expect_sequence(call(token_query_step, decoder, tokens, leaf_state.clone(), leaf_states.clone()),
+                             what=what, names=("logits", "state", "weights"))
+    wanted = decoder.step(tokens, leaf_state, leaf_states, leaf_state)
+    for name, got, want in (("logits", result[0], wanted[0]), ("new state", result[1], wanted[1])):
+        got = expect_tensor(got, what=f"{name} of {what}", shape=want.shape, dtype="float")
+        expect(got.requires_grad, f"{name} of {what}: right values, but nothing can be trained through them: they "
+                                  "do not require grad, so your step ran under torch.no_grad() (or detached them)")
+        direction = randn(*want.shape, generator=generator, dtype=want.dtype)
+        try:
+            grads = torch.autograd.grad((got * direction).sum(), inputs, allow_unused=True, retain_graph=True)
+        except RuntimeError as error:
+            raise Mismatch(f"{name} of {what}: right values, but backpropagating through them raised "
+                           f"RuntimeError: {str(error).splitlines()[0][:160]}") from None
+        expected = torch.autograd.grad((want * direction).sum(), inputs, allow_unused=True, retain_graph=True)
+        _same_gradients(grads, expected, names, f"{name} of {what}")
 
 
 def _close(got, wanted) -> bool:
@@ -707,6 +772,8 @@ def check_token_query_step(token_query_step) -> str:
                    f"{', '.join(missing)}: the weights were computed under torch.no_grad() or detached, so the "
                    "alignment model would never learn where to look. Only the finished step's outputs leave the "
                    "graph, and only at test time")
+            if number == 0:  # every gradient, to the state, the encoder states and the decoder's parameters
+                _step_gradients(token_query_step, decoder, tokens, state, states, shapes, generator)
     # Another device: the notebook's GPU, or the meta device.
     device = other_device()
     decoder = _token_decoder(5, 8, 6, generator)
