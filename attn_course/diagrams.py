@@ -752,7 +752,7 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
                    simple: bool = False, scale: bool = True, mask=None, window: int | None = None,
                    padding: int | None = None, bias: str | None = None, rotary: bool | str = False,
                    names: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
-                   shapes: str = "both", legend: bool = False, weights=None):
+                   shapes: str = "both", legend: bool = False, weights=None, out_proj: bool = False):
     """Attention's data flow: X -> Q, K, V -> scores -> (scale, mask, bias) -> softmax -> weights -> @V -> output.
 
     Chapters 02 (``simple=True``: Q = K = V = X), 03 (projections and the scale), 04 (``mask``),
@@ -780,11 +780,15 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
             L, S <= CAP), so that the picture shows the chapter's own numbers (A's name is then written
             under the block, not over its middle cells); by default an illustrative pattern (zero where
             the mask blocks).
+        out_proj: with ``heads``, end with the heads' outputs side by side, ``(L, H * Dv)``, through the
+            output projection W_O into Y ``(L, E)``, as a multi-head module does (default False: end at O).
 
     Returns:
         The ``Figure``; its alt text is ``fig.attn_alt``.
     """
     L, D = _size(L, "L"), _size(D, "D")
+    if out_proj and heads is None:
+        raise ValueError("out_proj=True draws the heads merged and W_O: it needs heads")
     self_attention = S is None
     S = L if S is None else _size(S, "S")
     E = D if E is None else _size(E, "E")
@@ -890,12 +894,21 @@ def attention_flow(L: int = 6, D: int = 8, *, S: int | None = None, E: int | Non
         o = d.block((av.x1 + 0.35 + d.ext(Dv) / 2, a.center[1]), L, Dv, role="output", name=lab("O"),
                     shape=sx("L", "Dv"), depth=depth)
         d.arrow(av.right, o.left)
+        if out_proj:  # the heads side by side, then W_O (the multi-head module's last step)
+            wo = d.op((o.x1 + 0.75, o.center[1]), "concat heads,\n@ W_O")
+            d.arrow(o.right, wo.left)
+            y_out = d.block((wo.x1 + 0.35 + d.ext(E) / 2, o.center[1]), L, E, role="output", name="Y",
+                            shape=shp(*lead[:1 if batch else 0], "L", "E"))
+            d.arrow(wo.right, y_out.left)
         # V sits under K, low enough that its arrow passes under A's shape label
         y_v = max(k.y1 + gap + d.ext(S) / 2, a.y1 + 0.3)
         v = d.block((x_c2 + d.ext(Dv) / 2, y_v), S, Dv, role=qkv_roles[2], name=lab(qkv[2]), shape=sx("S", "Dv"),
                     depth=depth)
         d.arrow(v.right, av.bottom, via=[(av.center[0], v.right[1])])
         steps.append(f"{lab('A')} {lab(qkv[2])} gives the output {lab('O')} {shp.alt(*lead, 'L', 'Dv')}")
+        if out_proj:
+            steps.append(f"the {H} heads' outputs, side by side, go through the output projection W_O into "
+                         f"Y {shp.alt(*lead[:1 if batch else 0], 'L', 'E')}")
         if projections:
             y_x = (q.center[1] + v.center[1]) / 2
             x = d.block((w_in / 2, y_x), L, E, role="input", name=lab("X"), shape=shp(*lead[:1 if batch else 0], "L", "E"))
@@ -2271,7 +2284,7 @@ def _bias_shade(bias: float, lowest: float):
     return tuple(base * (1 - fade) + fade * np.array([0.45, 0.2, 0.1]))
 
 
-def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7)):
+def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7), weights: bool = True):
     """Chapter 09: ALiBi, one bias matrix per head added to the scores before the softmax.
 
     The distances ``i - j`` of query ``i`` and key ``j`` (the same for every head) are multiplied by each
@@ -2284,6 +2297,8 @@ def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7)):
         L: queries and keys (``L <= CAP``: each distance is written in its cell).
         H: heads (the slopes depend on it).
         heads: the heads drawn, one row each (at most 4).
+        weights: draw each head's weights (from its bias plus small illustrative scores); False ends each row
+            at the mask and softmax, and writes each bias's range over its block instead.
 
     Returns:
         The ``Figure``; its alt text is ``fig.attn_alt``.
@@ -2326,8 +2341,10 @@ def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7)):
             cells = np.empty((L, L), dtype=object)
             for (i, j), b in np.ndenumerate(bias):
                 cells[i, j] = _bias_shade(b, lowest) if allowed[i, j] else PALETTE["mask_blocked"]
+            reach = f"{-m * (L - 1):.3g}".replace("-", "−")
             b_block = d.block((times.x1 + 0.35 + d.ext(L) / 2, y), L, L, role="position", cells=cells,
-                              shape=f"bias, head {h}", shape_at="above")
+                              shape=f"bias, head {h}" if weights else f"bias, head {h}: 0 to {reach}",
+                              shape_at="above")
             d.arrow(times.right, b_block.left)
             plus = d.op((b_block.x1 + 0.4, y), "+")
             d.arrow(b_block.right, plus.left)
@@ -2337,15 +2354,20 @@ def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7)):
             scores = rng.normal(0.0, 0.4, (L, L))
             node = d.op((plus.x1 + 0.75, y), "mask,\nsoftmax")
             d.arrow(plus.right, node.left)
+            if not weights:
+                rows.append((times, plus))
+                words.append(f"head {h} multiplies them by −{slope_text(m)} (its bias runs from 0 to {reach}, at "
+                             f"distance {L - 1})")
+                y += d.ext(L) + 0.75
+                continue
             logits = np.where(allowed, scores + bias, -np.inf)
             e = np.exp(logits - logits.max(axis=1, keepdims=True))
-            weights = e / e.sum(axis=1, keepdims=True)
-            a = d.block((node.x1 + 0.35 + d.ext(L) / 2, y), L, L, role="weight", values=weights,
+            attention = e / e.sum(axis=1, keepdims=True)
+            a = d.block((node.x1 + 0.35 + d.ext(L) / 2, y), L, L, role="weight", values=attention,
                         shape=f"weights, head {h}", shape_at="above")
             d.arrow(node.right, a.left)
             rows.append((times, plus))
-            far = weights[-1, 0]
-            reach = f"{-m * (L - 1):.3g}".replace("-", "−")
+            far = attention[-1, 0]
             words.append(f"head {h} multiplies them by −{slope_text(m)} (bias {reach} at distance {L - 1}; "
                          f"the last query's weight on the first key about {far:.2f})")
             y += d.ext(L) + 0.75
@@ -2354,10 +2376,12 @@ def alibi_flow(L: int = 6, H: int = 8, *, heads: Sequence[int] = (0, 3, 7)):
         note = d.text(first_plus.center[0], first_plus.y0 - d.ext(L) / 2 - 0.12, "+ the head's scores\nQKᵀ/√D " +
                       shp("L", "L").replace("\n", " = "), va="bottom", colour=INK)
         d.arrow((first_plus.center[0], note.y1 + 0.02), first_plus.top)
+        scored = ("its scores (illustrative ones, which set the weights below)" if weights else
+                  "its scores, QKᵀ/√D")
         return (f"Diagram of ALiBi with {H} heads: the distances i − j between query i and key j, {shp.alt('L', 'L')}, "
                 "written in the cells (future keys greyed), are the same for every head; each head multiplies them by "
-                "its own slope and adds the result, a bias matrix of the same shape, to its scores (illustrative "
-                "ones, which set the weights below) before the causal mask and the softmax; " + "; ".join(words) + ". The biases share one colour scale, darker the more "
+                f"its own slope and adds the result, a bias matrix of the same shape, to {scored} before the causal "
+                "mask and the softmax; " + "; ".join(words) + ". The biases share one colour scale, darker the more "
                 "negative.")
 
     return _fit(draw)

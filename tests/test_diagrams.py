@@ -553,6 +553,24 @@ def test_alibi_flow_draws_the_packages_slopes_on_one_scale():
     assert "head 0 multiplies them by −1/" in dg.alt_text(fig) or "head 0 multiplies them by −0." in dg.alt_text(fig)
 
 
+def test_alibi_flow_without_weights_writes_each_bias_range_and_draws_no_weights():
+    """weights=False (chapter 09) ends each row at the mask and softmax and writes the bias's range instead."""
+    fig = dg.alibi_flow(L=6, H=8, heads=(0, 3, 7), weights=False)
+    labels = [t.get_text() for t in texts(fig)]
+    assert any("bias, head 0: 0 to −2.5" in label for label in labels), labels
+    assert not patches(fig, "cell:weight") and patches(dg.alibi_flow(L=6, H=8, heads=(0, 3, 7)), "cell:weight")
+    assert "illustrative" not in dg.alt_text(fig) and "its bias runs from 0 to −2.5" in dg.alt_text(fig)
+
+
+def test_attention_flow_with_out_proj_draws_the_heads_merged_through_w_o():
+    fig = dg.attention_flow(L=6, D=8, E=16, heads=2, out_proj=True)
+    assert any("@ W_O" in t.get_text() for t in texts(fig))
+    assert "through the output projection W_O into Y (L, E) = (6, 16)" in dg.alt_text(fig)
+    assert "W_O" not in dg.alt_text(dg.attention_flow(L=6, D=8, E=16, heads=2))
+    with pytest.raises(ValueError, match="needs heads"):
+        dg.attention_flow(L=6, D=8, out_proj=True)
+
+
 def test_multihead_flow_with_kv_heads_says_which_query_heads_each_serves():
     fig = dg.multihead_flow(L=6, E=32, H=8, kv_heads=2)
     assert "key/value head g serves\nquery heads 4g to 4g + 3" in [t.get_text() for t in texts(fig)]

@@ -280,7 +280,7 @@ def far_share(weights, first_query, far, *, align="bottom_right", strict=False, 
 
 
 def far_share_loops(weights, first_query, far):
-    """Another formulation: Python loops over heads, sequences and queries, returning a list."""
+    """Another formulation: Python loops over heads, sequences and queries, adding up tensors (no copy out)."""
     B, H, L, S = weights.shape
     shares = []
     for h in range(H):
@@ -289,19 +289,19 @@ def far_share_loops(weights, first_query, far):
             for r in range(L):
                 i = S - L + r
                 if i >= first_query:
-                    total += float(weights[b, h, r, : max(i - far + 1, 0)].sum())
+                    total = total + weights[b, h, r, : max(i - far + 1, 0)].sum()
                     count += 1
         shares.append(total / count)
-    return shares
+    return torch.stack(shares)
 
 
 def far_share_tril(weights, first_query, far):
-    """Another formulation: the far keys as a lower triangle below the diagonal S - L - far, in numpy (copied to
-    the CPU first, so that it runs on a GPU too)."""
+    """Another formulation: the far keys as a lower triangle below the diagonal S - L - far, made in numpy from
+    the shapes alone and moved to the weights' device."""
     L, S = weights.shape[-2:]
-    is_far = np.tril(np.ones((L, S)), k=S - L - far)
-    rows = np.arange(S - L, S) >= first_query
-    return ((weights.cpu().numpy() * is_far).sum(-1)[..., rows]).mean(-1).mean(0)
+    is_far = torch.as_tensor(np.tril(np.ones((L, S)), k=S - L - far), dtype=weights.dtype, device=weights.device)
+    rows = torch.as_tensor(np.arange(S - L, S) >= first_query, device=weights.device)
+    return ((weights * is_far).sum(-1)[..., rows]).mean(-1).mean(0)
 
 
 def _far_share_in_place(weights, first_query, far):
@@ -334,6 +334,43 @@ def _rope_cpu_only(x, positions, base=10000.0):
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., : D // 2], x[..., D // 2:]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def _rope_positions_bfloat16(x, positions, base=10000.0):
+    """The positions rounded to bfloat16 alone: exact up to 256, then even numbers only (301 -> 300, 2001 -> 2000, 298 kept)."""
+    return rope(x, positions.to(torch.bfloat16).double(), base)
+
+
+def _rope_on_the_cpu(x, positions, base=10000.0):
+    """Right values, computed on the CPU and returned there whatever the inputs' device."""
+    return rope(x.cpu(), positions.cpu(), base)
+
+
+def _far_share_on_the_cpu(weights, first_query, far):
+    """Right values, computed on the CPU and returned there whatever the inputs' device."""
+    return far_share(weights.cpu(), first_query, far)
+
+
+def _far_share_either_side(weights, first_query, far):
+    """Keys at least `far` away on either side, |i - j| >= far: the same as i - j >= far for causal weights only."""
+    L, S = weights.shape[-2:]
+    query_pos = torch.arange(S - L, S, device=weights.device)
+    offset = query_pos[:, None] - torch.arange(S, device=weights.device)[None, :]
+    return (weights * (offset.abs() >= far)).sum(-1)[:, :, query_pos >= first_query].mean(dim=(0, 2))
+
+
+def _convert_negate_second_half(weight, num_heads):
+    """The right permutation, then the second half of each head's rows negated: no columns touched."""
+    out = interleaved_to_halves(weight, num_heads).clone()
+    D = weight.size(0) // num_heads
+    out.view(num_heads, D, -1)[:, D // 2:] *= -1
+    return out
+
+
+def _convert_rows_reversed(weight, num_heads):
+    """Each head's rows, in reverse order: the heads' own rows, in an order no layout uses."""
+    rows, E = weight.shape
+    return weight.view(num_heads, rows // num_heads, E).flip(1).reshape(rows, E)
 
 
 def _convert_negate_pair(weight, num_heads):
@@ -421,6 +458,17 @@ def _convert_negate_pair(weight, num_heads):
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h).double(), "float32 and your result is float64"),
         (check_interleaved_to_halves, lambda w, h: -interleaved_to_halves(w, h), "not exactly the old rows moved"),
         (check_interleaved_to_halves, _convert_negate_pair, "not exactly the old rows moved"),
+        # the third fresh review (chapter-09-third.md)
+        (check_rotate_half_rope, _rope_positions_bfloat16, "angles computed in bfloat16 .*at position 2001"),
+        (check_rotate_half_rope, _rope_on_the_cpu, "copies data out of the inputs to the CPU|your result is on cpu"),
+        (check_far_share, _far_share_on_the_cpu, "copies data out of the inputs to the CPU|your result is on cpu"),
+        (check_far_share, _far_share_either_side, "either side \\(\\|i - j\\| >= far\\)"),
+        (check_alibi_slopes, lambda h: torch.tensor(slopes(h), dtype=torch.float16), "slopes are float16, rounded"),
+        (check_alibi_slopes, lambda h: np.array(slopes(h), dtype=np.float16), "slopes are float16, rounded"),
+        (check_alibi_slopes, lambda h: torch.tensor(slopes(h), dtype=torch.bfloat16), "slopes are bfloat16, rounded"),
+        (check_interleaved_to_halves, _convert_negate_second_half, "is not one of head 0's rows as they were"),
+        (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="columns"), "leaves the columns"),
+        (check_interleaved_to_halves, _convert_rows_reversed, "not in the order the half layout needs"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):
