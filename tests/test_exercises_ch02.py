@@ -456,6 +456,15 @@ def without_self_diag_embed_float32(x):  # a float32 matrix of -inf on the diago
     return w @ x, w
 
 
+def without_self_renormalised_nan_patched(x):  # zero after the softmax, renormalise, NaN rows made uniform
+    T = x.size(-2)
+    eye = torch.eye(T, dtype=torch.bool, device=x.device)
+    w = torch.softmax(x @ x.transpose(-2, -1), dim=-1).masked_fill(eye, 0)
+    w = w / w.sum(-1, keepdim=True)
+    w = torch.nan_to_num(w, nan=1.0 / (T - 1)).masked_fill(eye, 0)
+    return w @ x, w
+
+
 # --- Exercise 4: cosine-similarity attention ------------------------------------------------------
 
 def cosine_right(x, temperature):
@@ -517,6 +526,27 @@ def cosine_fixed_temperature(x, temperature):
 
 def cosine_loose_epsilon(x, temperature):  # a guard against division by zero large enough to show
     unit = x / (x.norm(dim=-1, keepdim=True) + 1e-3)
+    w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
+    return w @ x, w
+
+
+def cosine_clamped_epsilon(eps):  # F.normalize's clamp max(norm, eps): changes only vectors shorter than eps
+    def cosine_normalize_eps(x, temperature):
+        unit = F.normalize(x, dim=-1, eps=eps)
+        w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
+        return w @ x, w
+    cosine_normalize_eps.__name__ = f"cosine_normalize_eps_{eps:g}"
+    return cosine_normalize_eps
+
+
+def cosine_norm_clamped(x, temperature):  # the same clamp written out
+    unit = x / x.norm(dim=-1, keepdim=True).clamp(min=0.1)
+    w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
+    return w @ x, w
+
+
+def cosine_normalize_tiny_eps(x, temperature):  # another correct formulation: a guard far below any length
+    unit = F.normalize(x, dim=-1, eps=1e-6)
     w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
     return w @ x, w
 
@@ -680,6 +710,45 @@ def cosine_from_gram(x, temperature):  # another: norms from the diagonal of x x
     return w @ x, w
 
 
+def softmax_subtract_last(s):  # (third review: accepted) the last score instead of the maximum
+    e = torch.exp(s - s[..., -1:])
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_subtract_first(s):  # the first score instead of the maximum
+    e = torch.exp(s - s[..., :1])
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_subtract_mean(s):  # the mean instead of the maximum
+    e = torch.exp(s - s.mean(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_shift_only_if_large(s):  # (third review: accepted) shifts only when a score would overflow
+    if bool((s > 88).any()):
+        s = s - s.max(-1, keepdim=True).values
+    e = torch.exp(s)
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_shift_rows_with_positive_max(s):  # shifts only the rows whose maximum is above 0
+    m = s.max(-1, keepdim=True).values
+    e = torch.exp(torch.where(m > 0, s - m, s))
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_logcumsumexp(s):  # (third review: accepted) logsumexp as the last entry of logcumsumexp
+    return torch.exp(s - torch.logcumsumexp(s, dim=-1)[..., -1:])
+
+
+def softmax_logaddexp_fold(s):  # (third review: accepted) logsumexp as a fold of logaddexp
+    acc = s[..., 0:1]
+    for k in range(1, s.shape[-1]):
+        acc = torch.logaddexp(acc, s[..., k:k + 1])
+    return torch.exp(s - acc)
+
+
 def _shuffled_recompute_with(exponential):
     def shuffled_recompute_other_exp(context, weights, order):  # recompute x, then a softmax with another exponential
         x = torch.linalg.solve(weights.double(), context.double()).float()
@@ -735,6 +804,13 @@ CASES = [
      "you called torch.nn.functional.cross_entropy: it computes a softmax inside"),
     (check_stable_softmax, softmax_categorical, "incorrect", "you called torch.nn.functional.softmax"),
     (check_stable_softmax, softmax_normalize, "correct", "any shape"),
+    (check_stable_softmax, softmax_subtract_last, "incorrect", "its first or last score"),
+    (check_stable_softmax, softmax_subtract_first, "incorrect", "its first or last score"),
+    (check_stable_softmax, softmax_subtract_mean, "incorrect", "its mean"),
+    (check_stable_softmax, softmax_shift_only_if_large, "incorrect", "not only when a score is large"),
+    (check_stable_softmax, softmax_shift_rows_with_positive_max, "incorrect", "not only when a score is large"),
+    (check_stable_softmax, softmax_logcumsumexp, "incorrect", "you called torch.logcumsumexp: it subtracts each row's maximum"),
+    (check_stable_softmax, softmax_logaddexp_fold, "incorrect", "you called torch.logaddexp: it subtracts each row's maximum"),
     (check_batched_self_attention, batched_right, "correct", "every sequence"),
     (check_batched_self_attention, batched_einsum, "correct", "every sequence"),
     (check_batched_self_attention, batched_bmm_permute, "correct", "every sequence"),
@@ -789,6 +865,7 @@ CASES = [
     (check_attention_without_self, without_self_half_weights_only, "incorrect", "your context is torch.float32, not float16"),
     (check_attention_without_self, without_self_scaled_penalty, "incorrect", "only minus infinity"),
     (check_attention_without_self, without_self_naive_softmax, "incorrect", "the naive softmax of section 4"),
+    (check_attention_without_self, without_self_renormalised_nan_patched, "incorrect", "replace the resulting NaN"),
     (check_cosine_self_attention, cosine_right, "correct", "directions"),
     (check_cosine_self_attention, cosine_normalize, "correct", "directions"),
     (check_cosine_self_attention, cosine_similarity_fn, "correct", "directions"),
@@ -805,6 +882,10 @@ CASES = [
     (check_cosine_self_attention, cosine_naive_softmax, "incorrect", "exp(100) overflows float32"),
     (check_cosine_self_attention, cosine_own_stable_softmax, "correct", "directions"),
     (check_cosine_self_attention, cosine_from_gram, "correct", "directions"),
+    (check_cosine_self_attention, cosine_clamped_epsilon(0.4), "incorrect", "did you guard the division with an eps"),
+    (check_cosine_self_attention, cosine_clamped_epsilon(1e-2), "incorrect", "did you guard the division with an eps"),
+    (check_cosine_self_attention, cosine_norm_clamped, "incorrect", "did you guard the division with an eps"),
+    (check_cosine_self_attention, cosine_normalize_tiny_eps, "correct", "directions"),
     (check_shuffled_attention, shuffled_right, "correct", "does not see word order"),
     (check_shuffled_attention, shuffled_permutation_matrix, "correct", "does not see word order"),
     (check_shuffled_attention, shuffled_index_select, "correct", "does not see word order"),

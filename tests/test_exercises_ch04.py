@@ -597,12 +597,45 @@ def test_masked_attention_computed_in_float32_and_cast_back_passes():
     assert check_masked_attention(_masked_float32_inside).status == "correct"
 
 
-def test_masked_attention_accelerator_case(monkeypatch):
-    # Where the machine has an accelerator the check runs one more case there. On a CPU-only machine, run
-    # that case's code on the CPU: a right answer passes it, and results on another device are named.
+def _masked_zeros_without_device(q, k, v, allowed):  # (third review: accepted on a CPU-only machine)
+    s = q @ k.T / q.size(-1) ** 0.5
+    w = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
+    w = torch.where(allowed.any(-1, keepdim=True), w, torch.zeros(w.shape, dtype=w.dtype))
+    return w @ v, w
+
+
+def _masked_result_on_cpu(q, k, v, allowed):  # right values, always returned on the CPU
+    return tuple(t.cpu() for t in masked_attention(q.cpu(), k.cpu(), v.cpu(), allowed.cpu()))
+
+
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        # (third review) BERT's finite fill, with the empty rows zeroed: accepted while no allowed score was below it.
+        (lambda q, k, v, m: masked_attention(q, k, v, m, fill=-1e4), "A finite fill value (-1e4, -1e9 ...) is not below"),
+        (lambda q, k, v, m: masked_attention(q, k, v, m, fill=-6e4), "A finite fill value (-1e4, -1e9 ...) is not below"),
+        # (third review) zeros made without device=: named on the GPU, or on the meta device where there is none.
+        (_masked_zeros_without_device, "a tensor made without device="),
+    ],
+)
+def test_masked_attention_third_review_wrong_answers(answer, text):
+    feedback = check_masked_attention(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+
+
+def test_masked_attention_other_device_case():
+    # The other device is the GPU where there is one, else the meta device: a result moved to the CPU is named.
+    feedback = check_masked_attention(_masked_result_on_cpu)
+    assert feedback.status == "incorrect" and "device" in feedback.message, str(feedback)
+
+
+def test_masked_attention_other_device_case_on_the_cpu(monkeypatch):
+    # With the other device made the CPU (as on a GPU machine, values compared), a right answer passes, and a
+    # result on another device is named.
     import attn_course.exercises.ch04 as ch04
-    monkeypatch.setattr(ch04, "_accelerators", lambda: [torch.device("cpu")])
+    monkeypatch.setattr(ch04, "other_device", lambda: torch.device("cpu"))
     assert check_masked_attention(masked_attention).status == "correct"
+    assert check_masked_attention(masked_attention_where).status == "correct"
     on_meta = lambda q, k, v, m: tuple(t.to("meta") for t in masked_attention(q, k, v, m))
     feedback = check_masked_attention(on_meta)
     assert feedback.status == "incorrect" and "your result is on meta" in feedback.message, str(feedback)

@@ -5,17 +5,20 @@ names the mistake when it recognises one; the table of those mistakes is in
 tests/test_exercises_ch02.py. They use the shared mechanism of ``attn_course.exercises``: library
 softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``, the routes that hide a
 softmax inside: torch's attention, ``cross_entropy``, and ``logsumexp``, which subtracts the maximum
-for the student), the package's and torch's attention in exercise 2, a softmax or an exponential
-(``exp``, ``exp2``, ``expm1``, a power) in exercise 5, which moves numbers instead of computing them
-again; inputs watched for changes in place, sizes unlike the notebook's (``other_sizes``) and scores
-near +-100 in float32 (``large_scores``; in exercise 4, a temperature of 0.01: scores up to 100); in
-exercise 2, a Python loop over the batch (the number of torch calls must not grow with the batch; numpy
-and Python lists, where such a loop would not be counted, are refused); in
-exercise 3, a diagonal that is exactly 0 also where finite fills lose (scores near -100 and near
--1e32, and tiny scores near 1e-6), scores above 88 (where a softmax without the maximum overflows), a
-repeated word, float16 in and float16 out, and one more case on another device
-(:func:`attn_course.exercises.other_device`: the GPU, else PyTorch's meta device); in exercise 5,
-orders given as a tensor, a list or a numpy array of integers.
+for the student, also reached through ``logcumsumexp`` or ``logaddexp``), the package's and torch's
+attention in exercise 2, a softmax or an exponential (``exp``, ``exp2``, ``expm1``, a power) in
+exercise 5, which moves numbers instead of computing them again; inputs watched for changes in place,
+sizes unlike the notebook's (``other_sizes``) and scores near +-100 in float32 (``large_scores``); in
+exercise 1, a row whose maximum is neither its first nor its last score and a row that is only very
+negative; in exercise 2, a Python loop over the batch (the number of torch calls must not grow with
+the batch; numpy and Python lists, where such a loop would not be counted, are refused); in exercise 3,
+a diagonal that is exactly 0 also where finite fills lose (scores near -100 and near -1e32, and tiny
+scores near 1e-6), three tokens whose own score is far above two different others (renormalising
+after the softmax loses their order), scores above 88 (where a softmax without the maximum
+overflows), a repeated word, float16 in and float16 out, and one more case on another device
+(:func:`attn_course.exercises.other_device`: the GPU, else PyTorch's meta device); in exercise 4, a
+temperature of 0.01 (scores up to 100) and a token of length 0.001 (an eps in the normalisation
+would shorten it); in exercise 5, orders given as a tensor, a list or a numpy array of integers.
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ def _pair(result, what: str):
 
 
 _HIDDEN_SOFTMAX = "it computes a softmax inside, and this exercise asks you to write the softmax yourself"
-_LOGSUMEXP = ("it subtracts each row's maximum for you (exp(s - logsumexp(s)) is log_softmax(s).exp() written out), "
-              "and this exercise asks you to write that step yourself: subtract each row's own maximum")
+_LOGSUMEXP = ("it subtracts each row's maximum for you: it computes a log-sum-exp (exp(s - logsumexp(s)) is "
+              "log_softmax(s).exp() written out, and the last entry of logcumsumexp or a fold of logaddexp is the "
+              "same log-sum-exp), and this exercise asks you to write that step yourself: subtract each row's own "
+              "maximum")
 
 
 @exercise(
@@ -67,7 +72,8 @@ _LOGSUMEXP = ("it subtracts each row's maximum for you (exp(s - logsumexp(s)) is
 )
 def check_stable_softmax(stable_softmax) -> str:
     def run(scores: torch.Tensor, what: str) -> torch.Tensor:
-        with forbidden("sdpa", F.cross_entropy, reason=_HIDDEN_SOFTMAX), forbidden(torch.logsumexp, reason=_LOGSUMEXP):
+        with forbidden("sdpa", F.cross_entropy, reason=_HIDDEN_SOFTMAX), \
+                forbidden(torch.logsumexp, torch.logcumsumexp, torch.logaddexp, torch.logaddexp2, reason=_LOGSUMEXP):
             got = expect_tensor(call(stable_softmax, scores), what=what, shape=scores.shape, dtype="float")
         want = torch.softmax(scores, dim=-1)
         flat = got.detach().double()
@@ -121,20 +127,37 @@ def check_stable_softmax(stable_softmax) -> str:
     what = "stable_softmax of [[1000, 1001], [-1000, -999]]"
     got = run(apart, what)
     if bool(torch.isnan(got[1]).any()) and not bool(torch.isnan(got[0]).any()):
+        alone = run(apart[1:], "stable_softmax of [[-1000, -999]]")
+        if not bool(torch.isfinite(alone).all()):
+            raise Mismatch(f"{what}: the second row is NaN, and so is [[-1000, -999]] on its own. No score there is "
+                           "large, but exp(-1000) underflows float32 to 0, so the row became 0 / 0. Subtract each "
+                           "row's own maximum always, not only when a score is large: then every row has an exponent "
+                           "of exactly 0")
         raise Mismatch(f"{what}: the second row is NaN. You subtracted one maximum for the whole tensor (1001): "
                        "exp(-2000) is 0 in float32, so that row became 0 / 0. Subtract each row's own maximum")
     expect(bool(torch.isfinite(got).all()),
            f"{what}: your result contains inf or NaN: exp of a large score overflows float32; "
            "subtract each row's maximum before torch.exp")
     expect_close(got, torch.softmax(apart, dim=-1), what=what)
-    # 5. A row that spans 200: shifting by anything but the maximum leaves an exponent above 88.
-    wide = torch.tensor([[-100.0, 0.0, 100.0], [3.0, 1.0, 2.0]])
-    what = "stable_softmax of [[-100, 0, 100], [3, 1, 2]]"
+    # 4b. A tensor whose only large scores are very negative: nothing would overflow, but e^-200 underflows to 0,
+    #     so shifting only when a score is large (or only rows whose maximum is positive) still divides 0 by 0.
+    low = torch.tensor([[0.0, 1.0], [-200.0, -199.0]])
+    what = "stable_softmax of [[0, 1], [-200, -199]]"
+    got = run(low, what)
+    if not bool(torch.isfinite(got).all()):
+        raise Mismatch(f"{what}: your result contains inf or NaN in the row [-200, -199]. No score here is large, but "
+                       "exp(-200) underflows float32 to 0, so that row became 0 / 0. Subtract each row's own maximum "
+                       "always, not only when a score is large: then every row has an exponent of exactly 0")
+    expect_close(got, torch.softmax(low, dim=-1), what=what)
+    # 5. A row that spans 200 with its maximum in the middle: shifting by anything but the maximum (the minimum,
+    #    the first or the last score, the mean) leaves an exponent of 100 or more, above 88.
+    wide = torch.tensor([[-100.0, 100.0, 0.0], [3.0, 1.0, 2.0]])
+    what = "stable_softmax of [[-100, 100, 0], [3, 1, 2]]"
     got = run(wide, what)
     if not bool(torch.isfinite(got[0]).all()):
         raise Mismatch(f"{what}: the first row contains inf or NaN. Subtracting the row's minimum (or anything but its "
-                       "maximum) leaves exp(200), which overflows float32 (above exp(88.7)); subtract the maximum, "
-                       "so that every exponent is at most 0")
+                       "maximum: its first or last score, its mean) leaves exp(200) or exp(100), which overflow float32 "
+                       "(above exp(88.7)); subtract the maximum, so that every exponent is at most 0")
     expect_close(got, torch.softmax(wide, dim=-1), what=what)
     # 6. Scores of attention at other sizes (B, L, S), and rows near +100 and -100 in float32.
     for size in other_sizes():
@@ -420,6 +443,25 @@ def check_attention_without_self(attention_without_self) -> str:
         expect_close(got_weights, expected_weights, what=what)
         expect_close(got[0], expected_context, what=f"context for two tokens pointing apart (scores {shown}): each "
                                                     "token must copy the other one")
+    # Three tokens, one long (scores 400 with itself, 20 and 40 with the others): its weights on the other two must
+    # follow their scores (about 2e-9 and 1), however small they were next to its own. Zeroing after the softmax
+    # leaves 0 / 0 there, and a NaN patched to a uniform row gives 0.5 and 0.5.
+    three = torch.tensor([[20.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+    what = "weights for three tokens [20, 0], [1, 0] and [2, 0] (token 0 scores 400 with itself, 20 and 40 with the others)"
+    got = _pair(call(attention_without_self, three), f"attention_without_self(x) for x = {three.tolist()}")
+    got_weights = expect_tensor(got[1], what=what, shape=(3, 3))
+    _diagnose_without_self(got_weights, three, what)
+    expected_context, expected_weights = _without_self(three)
+    row = got_weights.detach().double()[0]
+    if bool(torch.isfinite(row).all()) and abs(float(row[1]) - float(row[2])) < 1e-3:
+        raise Mismatch(f"{what}: row 0 gives tokens 1 and 2 the same weight, {_shown(row[1:].tolist())}, although their "
+                       "scores with token 0 (20 and 40) differ, so its weights should be about 2e-9 and 1. Did you "
+                       "zero the diagonal after the softmax, renormalise, and replace the resulting NaN (0 / 0) with "
+                       "equal weights? Next to the score of 400, the other weights had already rounded to 0: give "
+                       "the diagonal minus infinity before the softmax, so that the other weights come from their "
+                       "own scores")
+    expect_close(got_weights, expected_weights, what=what)
+    expect_close(got[0], expected_context, what="context for three tokens [20, 0], [1, 0] and [2, 0]")
     # A batch, and T = 2 (each token can then attend only to the other one).
     batch = randn(3, 2, 4, generator=generator)
     got = _pair(call(attention_without_self, batch), "attention_without_self(x) for x of shape (3, 2, 4)")
@@ -521,6 +563,24 @@ def check_cosine_self_attention(cosine_self_attention) -> str:
     expected_context, expected_weights = _cosine(cold.double(), 0.01)
     expect_close(got_weights, expected_weights, what=what)
     expect_close(got[0], expected_context, what="context for x of shape (T=4, E=3) at temperature 0.01")
+    # A short vector (length 0.001, like a word whose features are all small): its direction counts as much as any
+    # other. A guard against division by zero larger than its length (F.normalize(eps=0.01), x / (norm + 0.01),
+    # norm.clamp(min=0.01)) shortens its unit vector and changes its scores.
+    short = torch.rand(4, 3, generator=generator) + 0.1
+    short[2] *= 0.001 / float(short[2].norm())
+    what = "weights for x of shape (T=4, E=3) with token 2 of length 0.001, at temperature 0.1"
+    got = _pair(call(cosine_self_attention, short, 0.1), "cosine_self_attention(x, 0.1) with a short token")
+    got_weights = expect_tensor(got[1], what=what, shape=(4, 4))
+    expected_context, expected_weights = _cosine(short.double(), 0.1)
+    w = got_weights.detach().double()
+    if bool(torch.isfinite(w).all()) and not torch.allclose(w, expected_weights, atol=1e-4):
+        raise Mismatch(f"{what}: the weights differ (token 2's weight on itself is {_shown([float(w[2, 2])])[0]}, "
+                       f"it should be {_shown([float(expected_weights[2, 2])])[0]}). A vector of length 0.001 must "
+                       "still become a unit vector: did you guard the division with an eps (F.normalize(eps=...), "
+                       "norm + eps, norm.clamp(min=eps)) that is not far below 0.001? Divide by the norm itself, or "
+                       "keep F.normalize's default eps=1e-12")
+    expect_close(got_weights, expected_weights, what=what)
+    expect_close(got[0], expected_context, what="context for x of shape (T=4, E=3) with a short token")
     # Other batches, lengths and widths, at a temperature above 1.
     for size in other_sizes(same_length=True):
         other = randn(size.B, size.T, size.E, generator=generator)

@@ -6,8 +6,10 @@ mistakes (the blocked convention, the upper triangle, off by one, padding on the
 test that looks at one position or compares with a tolerance), and uses the shared mechanism of
 ``attn_course.exercises``: ``tril``/``triu`` and the package's mask helpers forbidden where the
 exercise says so (``forbid=("tril", "attn_course")``), torch's and the package's attention in
-exercise 2, inputs watched for changes in place. The table of wrong answers is in
-tests/test_exercises_ch04.py.
+exercise 2, inputs watched for changes in place. Exercise 2 also tries allowed scores far below any
+finite fill (about -7e31: a fill of -1e4 or -1e9 hands the weight to the blocked keys) and one case on
+another device (:func:`attn_course.exercises.other_device`: the GPU, else PyTorch's meta device, where a
+tensor made without ``device=`` is named). The table of wrong answers is in tests/test_exercises_ch04.py.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import torch
 
 from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
 from ..scaled import SelfAttention, scaled_dot_product_attention
-from ..utils import get_device
-from . import Mismatch, call, exercise, forbidden, expect, expect_close, expect_sequence, expect_tensor, randn, rng
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_sequence,
+               expect_tensor, forbidden, other_device, randn, rng)
 from ._core import _StudentCodeFailed
 
 __all__ = ["check_causal_mask", "check_masked_attention", "check_batch_mask", "check_leak_test", "check_sliding_window_mask"]
@@ -146,12 +148,6 @@ def _random_mask(L: int, S: int, generator: torch.Generator, empty_row: int | No
     return allowed
 
 
-def _accelerators() -> list:
-    """The machine's accelerator (CUDA or MPS) as a one-element list, or an empty list on a CPU-only machine."""
-    device = get_device()
-    return [device] if device.type != "cpu" else []
-
-
 def _spike(blocked_score: float) -> tuple:
     """Two queries, three keys; key 2 is blocked for both and scores ``blocked_score`` after the scale."""
     q = torch.zeros(2, 8)
@@ -245,14 +241,40 @@ def check_masked_attention(masked_attention) -> str:
             raise
         _diagnose_masked(output, weights, *low, allowed, what)
 
-    # 5. On the machine's accelerator, where there is one: new tensors must follow the inputs' device.
-    for device in _accelerators():
-        what = f"inputs on {device.type} (L=4, S=5)"
-        q, k, v = (randn(n, 8, generator=generator).to(device) for n in (4, 5, 5))
-        allowed = causal_mask(4, 5, device=device)
-        allowed[2] = False
-        output, weights = _run_masked(masked_attention, q, k, v, allowed, what)
-        _diagnose_masked(output, weights, q, k, v, allowed, what)
+    # 5. Allowed scores far below any finite fill (about -7e31): -1e4 (BERT's -10000.0) or -1e9 is then above
+    #    them, and the blocked keys win the softmax. Only -inf (or the dtype's smallest number) stays below.
+    what = "a query whose only allowed key scores about -7e31 (L=2, S=3)"
+    q = torch.tensor([[1e16, 0.0], [0.0, 1.0]])
+    k = torch.tensor([[-1e16, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    v = torch.arange(6, dtype=torch.float32).view(3, 2)
+    allowed = torch.tensor([[True, False, False], [True, True, False]])
+    output, weights = _run_masked(masked_attention, q, k, v, allowed, what)
+    w = expect_tensor(weights, what=f"weights for {what}", shape=(2, 3), dtype="float").detach().double().cpu()
+    if bool(torch.isfinite(w).all()) and float(w[0, 1:].sum()) > 0.5:
+        raise Mismatch(f"weights for {what}: row 0 gives its blocked keys weight {round(float(w[0, 1:].sum()), 3)} and "
+                       "its allowed key (score -7e31) almost nothing. A finite fill value (-1e4, -1e9 ...) is not below "
+                       "every score: where the allowed scores are lower still, the blocked keys win the softmax. Fill "
+                       "with float('-inf') (or torch.finfo(scores.dtype).min), which no allowed score is below")
+    _diagnose_masked(output, weights, q, k, v, allowed, what)
+
+    # 6. Once more on another device (the GPU, else the meta device, which has shapes and dtypes but no values):
+    #    new tensors must follow the inputs' device.
+    device = other_device()
+    what = f"inputs on the {device.type} device (L=4, S=5, row 2 with nothing to attend to)"
+    q, k, v = (randn(n, 8, generator=generator).to(device) for n in (4, 5, 5))
+    allowed = causal_mask(4, 5, device=device)
+    allowed[2] = False
+    with forbidden(torch._safe_softmax, torch._masked_softmax, reason=_SAFE_SOFTMAX):
+        got = call_elsewhere(masked_attention, q, k, v, allowed, device=device, what=f"masked_attention for {what}",
+                             made_by="torch.zeros, torch.full, torch.tensor, torch.zeros(w.shape) ...")
+    if got is not None:
+        output, weights = expect_sequence(got, what=f"masked_attention for {what}", names=("output", "weights"))
+        weights = expect_on_device(weights, device, f"weights for {what}", dtype="float")
+        output = expect_on_device(output, device, f"output for {what}", dtype="float")
+        expect_tensor(weights, what=f"weights for {what}", shape=(4, 5))
+        expect_tensor(output, what=f"output for {what}", shape=(4, 8))
+        if device.type != "meta":
+            _diagnose_masked(output, weights, q, k, v, allowed, what)
     return ("blocked keys get weight 0, also when their score is huge, and rows with nothing to attend to give zeros "
             "instead of NaN, with left padding, at other sizes, in float32, float16 and bfloat16.")
 
