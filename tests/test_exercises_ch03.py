@@ -465,6 +465,71 @@ def test_softmax_jacobian_review_wrong_answers(answer, text):
     assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
 
 
+# --- the third review: finite differences through numpy's exp, math.e ** h and sigmoid (accepted: the guards do
+# not see them, and their values agree to 1e-10), and an in-place no-op on x in exercise 3 (a raw autograd error) --
+
+def _jacobian_by_finite_differences_in_numpy(p, h=1e-6):
+    import numpy as np
+    s = np.log(p.detach().cpu().numpy())
+
+    def softmax(z):
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    columns = [(softmax(s + h * e) - softmax(s - h * e)) / (2 * h) for e in np.eye(len(s))]
+    return torch.from_numpy(np.stack(columns, axis=1)).to(p.dtype)
+
+
+def _jacobian_by_finite_differences_without_exp(p, h=1e-5, e_to=lambda x: math.e ** x):
+    # softmax(ω ± h e_j) written in p: multiply p_j by e^(±h) and renormalise; no exp or log of a tensor
+    columns = []
+    for j in range(len(p)):
+        moved = []
+        for sign in (1, -1):
+            f = p.detach().double().clone()
+            f[j] = f[j] * e_to(sign * h)
+            moved.append(f / f.sum())
+        columns.append((moved[0] - moved[1]) / (2 * h))
+    return torch.stack(columns, dim=1).to(p.dtype)
+
+
+def _e_by_sigmoid(x):
+    s = torch.sigmoid(torch.tensor(x, dtype=torch.float64))
+    return float(s / (1 - s))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        _jacobian_by_finite_differences_in_numpy,
+        _jacobian_by_finite_differences_without_exp,
+        lambda p: _jacobian_by_finite_differences_without_exp(p, h=1e-6, e_to=_e_by_sigmoid),
+        lambda p: _jacobian_by_finite_differences_in_numpy(p, h=1e-4),
+    ],
+)
+def test_softmax_jacobian_finite_differences_by_any_route_are_rejected(answer):
+    feedback = check_softmax_jacobian(answer)
+    assert feedback.status == "incorrect" and "lost to rounding" in feedback.message, str(feedback)
+
+
+class InPlaceNoOp(Module):
+    """x.div_(1.0) (or clamp_, nan_to_num_): values unchanged, but x's version moves and backward failed."""
+
+    def __init__(self, d_in, d_k, d_v, op=lambda x: x.div_(1.0)):
+        super().__init__(d_in, d_k, d_v)
+        self.op = op
+
+    def forward(self, x):
+        self.op(x)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("op", [lambda x: x.div_(1.0), lambda x: x.clamp_(-1e9, 1e9), lambda x: x.nan_to_num_()])
+def test_self_attention_module_in_place_no_op_is_named(op):
+    feedback = check_self_attention_module(lambda d_in, d_k, d_v: InPlaceNoOp(d_in, d_k, d_v, op))
+    assert feedback.status == "incorrect" and "changed x in place" in feedback.message, str(feedback)
+
+
 def test_softmax_jacobian_hint_and_messages_do_not_give_the_formula_away():
     hint = check_softmax_jacobian(lambda p: torch.diag(p)).hint
     assert "outer product" not in hint and "diagonal matrix of p" not in hint and "p_i p_j" not in hint
@@ -677,3 +742,14 @@ def test_keys_projected_with_the_query_matrix_are_named():
 
     feedback = check_self_attention_module(Typo)
     assert feedback.status == "incorrect" and "project the keys with W_query" in feedback.message, str(feedback)
+
+
+def test_softmax_jacobian_diag_embed_passes_in_a_fresh_process():
+    # The third revision: torch.diag_embed's first torch._check imports sympy, whose mpmath calls math.log at
+    # import: a right answer was blamed for a logarithm when it was the first thing the kernel ran.
+    import subprocess
+    import sys
+    code = ("import torch\nfrom attn_course.exercises.ch03 import check_softmax_jacobian\n"
+            "print(check_softmax_jacobian(lambda p: torch.diag_embed(p) - p[:, None] * p[None, :]).status)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().endswith("correct") and "incorrect" not in out.stdout, out.stdout + out.stderr

@@ -6,8 +6,10 @@ wrong width under the root, the softmax over the wrong axis, ``K Qᵀ``, one lay
 variance where a standard deviation is asked, σ_Q = σ_K assumed) before comparing values, and uses
 the shared mechanism of ``attn_course.exercises``: torch's and the package's attention forbidden in
 exercise 1, the softmax, autograd (backward and forward mode) and the exponential and logarithm that
-finite differences need in exercise 2 (which also runs once on another device), inputs watched for
-changes in place, results' dtype and device. ``keys.T`` on a batch fails with PyTorch's own error, and
+finite differences need in exercise 2 (which also runs once on another device, and once on a p with one
+tiny probability, where a finite difference's change is lost to rounding, by whatever route it computes the
+exponential), inputs watched for changes in place (exercise 3 also names an in-place operation on x that
+leaves its values as they were), results' dtype and device. ``keys.T`` on a batch fails with PyTorch's own error, and
 exercise 3's hint names the fix. The table of wrong answers is in tests/test_exercises_ch03.py.
 """
 
@@ -143,10 +145,12 @@ _AUTOGRAD_ROUTES = (torch.autograd.functional.jacobian, torch.autograd.functiona
                     torch.func.jacrev, torch.func.jacfwd, torch.func.hessian, torch.func.grad, torch.func.grad_and_value,
                     torch.func.vjp, torch.func.jvp, torch.func.linearize)
 # Finite differences (and any other route that runs the softmax again) need the scores back from p and their
-# exponential; the formula needs neither. Not caught: numpy's exp and log (numpy's ufuncs are not seen by the
-# guards) and an exponential written as a power of e.
+# exponential; the formula needs neither. The guards do not see numpy's exp and log, an exponential written as a
+# power of e or as sigmoid(h) / (1 - sigmoid(h)): the case with one tiny probability catches those by value (a
+# finite difference loses a change of about 1e-23 in p_1 to rounding; the formula gets it to float precision).
 _FROM_P = ("the Jacobian is built from p alone: recomputing the softmax from scores (finite differences, say) "
            "is not a derivation, and the formula needs no logarithm and no exponential")
+_TINY = "a p with one tiny probability (scores [0.5, 0, -40])"
 _RECOMPUTE_ROUTES = (torch.exp, torch.Tensor.exp, torch.exp2, torch.Tensor.exp2, torch.expm1, torch.Tensor.expm1,
                      torch.log, torch.Tensor.log, torch.log2, torch.Tensor.log2, torch.log10, torch.Tensor.log10,
                      torch.log1p, torch.Tensor.log1p, math.exp, math.expm1, math.log, math.log2, math.log10, math.log1p)
@@ -159,12 +163,16 @@ _RECOMPUTE_ROUTES = (torch.exp, torch.Tensor.exp, torch.exp2, torch.Tensor.exp2,
          "exponential divided by the sum as the α it equals, so that p alone appears",
 )
 def check_softmax_jacobian(softmax_jacobian) -> str:
+    # torch._check (in torch.diag_embed, say) imports sympy and mpmath on first use, and mpmath's import calls
+    # math.log: import them now, outside the guards, or a right answer is blamed for that math.log.
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
     generator = rng(32)
     cases = {
         "p = softmax of 5 random scores": torch.softmax(randn(5, generator=generator, dtype=torch.float64), dim=0),
         "a nearly one-hot p (scores [12, 0, 1, -2])": torch.softmax(torch.tensor([12.0, 0.0, 1.0, -2.0], dtype=torch.float64), dim=0),
         "p of one entry, [1.0]": torch.ones(1, dtype=torch.float64),
         "p = softmax of 9 random scores (float32)": torch.softmax(randn(9, generator=generator, scale=2.0), dim=0),
+        _TINY: torch.softmax(torch.tensor([0.5, 0.0, -40.0], dtype=torch.float64), dim=0),
     }
     norms = []
     for what, p in cases.items():
@@ -210,6 +218,17 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
             index = tuple(int(i) for i in off.nonzero()[0])  # three significant digits: the entries can be tiny
             raise Mismatch(f"{what}: {int(off.sum())} of {off.numel()} values differ; first at index {index}: expected "
                            f"{float(expected[index]):.3g}, got {float(got[index]):.3g}") from None
+        if what == _TINY:  # every entry to three significant digits, the tiny ones (about -2.6e-18) included
+            got = got.detach().cpu().double()
+            off = ~torch.isclose(got, expected, rtol=1e-3, atol=0.0)
+            if bool(off.any()):
+                index = tuple(int(i) for i in off.nonzero()[0])
+                raise Mismatch(
+                    f"{what}: the entries of the tiny probability p_3 = {float(p[2]):.2g} are off; first at index {index}: "
+                    f"expected {float(expected[index]):.3g}, got {float(got[index]):.3g}. The formula gets them to float "
+                    "precision. A finite difference cannot: nudging ω_3 by h changes p_1 by about h·1e-18, which is lost "
+                    "to rounding next to p_1 ≈ 0.6 (finite differences are not a derivation, by any route); and a "
+                    "clamped p changes them")
         norms.append(float(expected.norm()))
     # Once more with p on another device (a GPU, or the meta device standing in for one): the Jacobian must be
     # made there too. An answer that copies p to numpy or to a list cannot be judged on meta: the cases above did.
@@ -225,6 +244,13 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
         f"your Jacobian matches autograd's. Its norm is {norms[0]:.3f} for the spread-out p and {norms[1]:.1e} for the nearly "
         "one-hot p: a saturated softmax passes almost no gradient back to its scores."
     )
+
+
+def _expect_x_untouched(x: torch.Tensor, version: int, what: str) -> None:
+    """Name an in-place change of the caller's x, even one that leaves its values as they were (x.div_(1.0))."""
+    expect(x._version == version, f"{what}: your forward changed x in place (an operation ending in _, such as div_ or "
+           "clamp_, or x /= ...), even if its values came out the same. That breaks backward through an earlier output "
+           "that used x, and changes the caller's tensor: leave x alone and use the out-of-place operation (x / 2, not x /= 2)")
 
 
 def _check_module(module_class, d_in: int, d_k: int, d_v: int, x: torch.Tensor, note: str = "") -> tuple:
@@ -252,14 +278,18 @@ def _check_module(module_class, d_in: int, d_k: int, d_v: int, x: torch.Tensor, 
                    + ". Create three separate nn.Linear layers in __init__")
     layers = [getattr(module, name) for name in names]
     what = f"x of shape (B={B}, T={T}, d_in={d_in}), d_k={d_k}, d_v={d_v}{note}"
+    version = x._version
     result = call(module, x)
+    _expect_x_untouched(x, version, what)
     replaced = [name for name, layer in zip(names, layers) if getattr(module, name) is not layer]
     expect(not replaced, f"your forward replaced {', '.join(replaced)} with a new layer: create the layers once, in "
            "__init__, so that they are the module's parameters, which training updates; forward only uses them")
     with torch.no_grad():
         queries, keys, values = module.W_query(x), module.W_key(x), module.W_value(x)  # (B, T, d)
     _weights_and_context(result, queries, keys, values, what, d_in=d_in, notebook_d_k=8)
+    version = x._version
     again = _pair(call(module, x), what)[0]
+    _expect_x_untouched(x, version, what)
     if isinstance(again, torch.Tensor) and again.shape == result[0].shape:
         expect(torch.equal(again.detach(), result[0].detach()), f"{what}: two calls of your module on the same x give "
                "different outputs: does forward draw new weights? Create the layers once, in __init__")
