@@ -277,6 +277,17 @@ def decay_in_place(gate):
     return difference.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf")).exp()
 
 
+def decay_mask_by_multiplication(gate):  # exp overflows to inf above the diagonal, and inf * 0 = NaN
+    L = gate.size(-1)
+    log_cumulative = gate.log().cumsum(-1)
+    lower = torch.ones(L, L, dtype=gate.dtype, device=gate.device).tril()
+    return (log_cumulative[..., :, None] - log_cumulative[..., None, :]).exp() * lower
+
+
+def decay_epsilon(gate, epsilon=1e-6):  # a "safety" epsilon inside the logarithm
+    return decay_logs(gate + epsilon)
+
+
 def decay_package(gate):
     L = gate.size(-1)
     shape = gate.shape[:-1]
@@ -403,6 +414,9 @@ WRONG = [
     (check_decay_matrix, _wrong(decay_band, width=32), "no key is ever cut off"),
     (check_decay_matrix, decay_mask_on_cpu, "made without device="),
     (check_decay_matrix, decay_check_reference, "the check's own code"),
+    (check_decay_matrix, decay_mask_by_multiplication, r"NaN above the diagonal only.*overflows to inf.*inf \* 0"),
+    (check_decay_matrix, decay_epsilon, "the gates plus 1e-6"),
+    (check_decay_matrix, _wrong(decay_epsilon, epsilon=1e-4), "the gates plus 1e-4"),
     # Exercise 3
     (check_decoding_memory, _wrong(memory, mistake="no values"), r"keys \*and\* values"),
     (check_decoding_memory, _wrong(memory, mistake="state grows"), "does not grow with the context"),

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_number,
-               expect_on_device, expect_sequence, expect_tensor, other_device, rng)
+               expect_on_device, expect_sequence, expect_tensor, other_device, rng, tolerance)
 
 __all__ = ["check_delta_rule_loop", "check_decay_matrix", "check_decoding_memory"]
 
@@ -253,6 +253,14 @@ def check_decay_matrix(decay_matrix) -> str:
         got64 = got.detach().double()
         if bool(torch.isnan(got64).any()) or bool(torch.isinf(got64).any()):
             bad = "NaN" if bool(torch.isnan(got64).any()) else "inf"
+            on_or_below = torch.ones(L, L, dtype=torch.bool).tril()  # (L, L): key j <= query t
+            if not bool((~torch.isfinite(got64) & on_or_below).any()):  # finite wherever a key counts
+                raise Mismatch(f"{what}: your matrix contains {bad} above the diagonal only. There the differences "
+                               "of the cumulative logs are positive, and their exponential overflows to inf (256 gates "
+                               "of 0.05 give about exp(+760)) before your mask is applied; a mask applied by "
+                               "multiplication then gives inf * 0 = NaN. Make the entries above the diagonal 0 "
+                               "without multiplying them: fill the logs with -inf before exponentiating, or select "
+                               "with torch.where")
             raise Mismatch(f"{what}: your matrix contains {bad}. A running product of 256 gates of 0.05 is about "
                            "1e-333, which underflows to 0 even in float64, and a ratio of two such products is 0 / 0; "
                            "add logarithms (a cumulative sum) and exponentiate their differences, or multiply the gates "
@@ -279,7 +287,20 @@ def check_decay_matrix(decay_matrix) -> str:
             raise Mismatch(f"{what}: the entries above the diagonal must be exactly 0 (query t sees no key after it); "
                            f"yours hold values up to {float(above.abs().max()):.1e}, so query t still reads later "
                            "keys a little: fill them with -inf before exponentiating, or with 0 after")
-        expect_close(got, want.to(dtype), what=what)
+        try:
+            expect_close(got, want.to(dtype), what=what)
+        except Mismatch:
+            atol, rtol = tolerance(got.dtype, dtype)
+            if got.dtype in (torch.float16, torch.bfloat16) or bool(torch.allclose(got64, want, atol=atol, rtol=rtol)):
+                raise
+            for exponent in range(3, 13):  # a "safety" epsilon added to the gates before the logarithm
+                shifted = _decay_reference(gate.double() + 10.0 ** -exponent)
+                if bool(torch.allclose(got64, shifted, atol=atol, rtol=rtol)):
+                    raise Mismatch(f"{what}: your matrix is that of the gates plus 1e-{exponent}: the gates lie in "
+                                   "(0, 1], so their logarithm is finite without an epsilon, and one shifts every "
+                                   "product (by more, the more gates it multiplies); take the log of the gates as "
+                                   "they are") from None
+            raise
     # The matrix does what it is for: ((Q K^T) * D) V equals the gated recurrence S_t = a_t S_{t-1} + k_t v_t^T.
     q, k, v = (torch.randn(1, 2, 7, n, generator=generator, dtype=torch.float64) for n in (3, 3, 4))
     gate = 0.3 + 0.7 * torch.rand(1, 2, 7, generator=generator, dtype=torch.float64)
