@@ -48,23 +48,30 @@ def similarity(k, d_model, base=10000.0, pairs=None, two=2, normaliser=None):
     return total / (d_model / 2 if normaliser is None else normaliser)
 
 
-def first_offset_below(fraction, d_model, base=10000.0, **kwargs):  # try k = 1, 2, 3, ... in turn
-    k = 1
-    while similarity(k, d_model, base, **kwargs) >= fraction:
-        k += 1
-    return k
+def first_offset_below(fraction, d_model, base=10000.0, bound=None, pairs=None, two=2, normaliser=None):
+    # try k = 1, 2, 3, ... in turn (1024 offsets at a time, for speed: the check's answers reach 65994);
+    # with a bound, a search that stops there and returns the bound
+    pairs = d_model // 2 if pairs is None else pairs
+    omega = float(base) ** (-two * torch.arange(pairs, dtype=torch.float64) / d_model)
+    for start in range(1, bound or 10**7, 1024):
+        ks = torch.arange(start, start + 1024 if bound is None else min(start + 1024, bound), dtype=torch.float64)
+        below = (torch.cos(ks[:, None] * omega).sum(-1) / (d_model / 2 if normaliser is None else normaliser)
+                 < fraction).nonzero()
+        if len(below):
+            return start + int(below[0])
+    return bound
 
 
 def first_offset_vectorised(fraction, d_model, base=10000.0):  # another right answer: every k at once, torch
     omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    k = torch.arange(1, 20_001, dtype=torch.float64)
+    k = torch.arange(1, 100_001, dtype=torch.float64)
     similarity = torch.cos(k[:, None] * omega).mean(-1)
     return int(k[similarity < fraction][0])
 
 
 def first_offset_numpy(fraction, d_model, base=10000.0):  # and another: numpy, a numpy integer returned
     omega = base ** (-np.arange(0, d_model, 2) / d_model)
-    k = np.arange(1, 20_001)
+    k = np.arange(1, 100_001)
     return k[np.cos(k[:, None] * omega).mean(-1) < fraction][0]
 
 
@@ -133,6 +140,14 @@ def hard_coded_width_offset(pe_a, pe_b):  # the slowest pair, but d_model = 64 w
     omega = 10000 ** (-(64 - 2) / 64)
     turn = math.remainder(float(torch.atan2(pe_b[-2], pe_b[-1]) - torch.atan2(pe_a[-2], pe_a[-1])), 2 * math.pi)
     return round(turn / omega)
+
+
+def fitted_shift(k, d_model):  # least squares on 160 positions: fits d_model = 8, not the slow pairs of 64
+    n = 160 + abs(k)
+    table = sinusoidal_encoding(n + 200, d_model, layout="halves", dtype=torch.float64)
+    A = table[max(0, -k):max(0, -k) + n - abs(k)]
+    B = table[max(0, k):max(0, k) + n - abs(k)]
+    return torch.linalg.lstsq(A, B).solution.T
 
 
 def half_angles_shift(k, d_model):  # the angles and their sines and cosines in float16, the result cast back
@@ -285,6 +300,11 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
         (check_first_offset_below, lambda f, d, b: next((k for k in range(1, 2001) if similarity(k, d, b) < f), 2000),
          "stop early"),
         (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, two=4), "your similarity differs"),
+        # the third review: a bound of its own above 12267 (20000: accepted); the check's answers now reach 65994
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, bound=20_000),
+         "stop early"),
+        (check_first_offset_below, lambda f, d, b: first_offset_below(f, d, b, bound=50_000),
+         "stop early"),
         # exercise 3: each position read in [0, 2π) and subtracted, wrong where the slowest pair completes a turn
         (check_recover_offset, unit_circle_positions_offset, "passes 2π (a full turn)"),
         # exercise 3: the width hard-coded (the notebook's d_demo = 64), an unrounded float
@@ -299,6 +319,8 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, error)
         # exercise 4: half precision, returned as such or cast back to float64
         (check_halves_shift_matrix, lambda k, d: halves_shift_matrix(k, d).half(), "float16"),
         (check_halves_shift_matrix, half_angles_shift, "half precision"),
+        # the third review: a matrix fitted by least squares to the table's positions (rejected, but blamed on signs)
+        (check_halves_shift_matrix, fitted_shift, "If you fitted it to encodings"),
     ],
 )
 def test_wrong_answers_say_what_is_wrong(check, answer, words):

@@ -154,7 +154,9 @@ def _bisection(fraction: float, d_model: int, base: float, high: int) -> int:
 def check_first_offset_below(first_offset_below) -> str:
     cases = [(0.5, 128, 10000.0), (0.25, 128, 10000.0), (0.6, 16, 10000.0), (0.8, 16, 10000.0),
              (0.5, 64, 500000.0), (0.4, 32, 100.0), (0.1, 128, 10000.0), (0.95, 16, 10000.0),
-             (0.05, 128, 10000.0), (0.05, 128, 500000.0)]  # answers 46, 198, 8, 2, 78, 9, 721, 1, 1109, 12267
+             (0.05, 128, 10000.0), (0.05, 128, 500000.0), (0.05, 256, 500000.0), (0.05, 256, 2000000.0)]
+    # answers 46, 198, 8, 2, 78, 9, 721, 1, 1109, 12267, 22094, 65994: the last two catch a search that stops
+    # at a bound of its own (20,000 or 50,000, say) above the notebook's answers
     for fraction, d_model, base in cases:
         what = f"first_offset_below({fraction}, d_model={d_model}, base={base:g})"
         got = expect_int(call(first_offset_below, fraction, d_model, base), what=what)
@@ -356,9 +358,12 @@ def check_halves_shift_matrix(halves_shift_matrix) -> str:
                                "sines and cosines computed in half precision (float16, bfloat16)? Compute in float32 "
                                "or float64.")
             if not torch.allclose(M @ M.T, torch.eye(d_model, dtype=torch.float64), atol=tol):
-                raise Mismatch(f"{what}: your matrix is not a rotation (M Mᵀ ≠ I), so it cannot map one encoding, "
-                               "of norm sqrt(d_model/2), onto another of the same norm. Check the signs of the "
-                               "sine blocks: one is +sin, the other -sin.")
+                raise Mismatch(f"{what}: your matrix is not a rotation (M Mᵀ ≠ I), so it cannot map every encoding, "
+                               "of norm sqrt(d_model/2), onto another of the same norm. If you built it from the angles, "
+                               "check the signs of the sine blocks: one is +sin, the other -sin. If you fitted it to "
+                               "encodings (least squares, a pseudo-inverse), a matrix that fits the table's positions "
+                               "need not be the rotation (the slow pairs barely move there): build it from the angles "
+                               "omega_i k instead.")
             bad = int(((shifted - target).abs() > tol).any(dim=-1).sum())
             raise Mismatch(f"{what}: M @ PE_half[p] differs from PE_half[p + k] at {bad} of {last - first} positions p.")
     return "your matrix shifts every encoding of the [sin | cos] layout by k positions, for every k and width tried."
