@@ -2102,7 +2102,7 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
     Args:
         L: tokens. E: model width. H: heads. d_c: latent width. d_h: head width. d_r: rotary key width.
         absorbed: draw the absorbed (inference) form.
-        names: other symbols, e.g. ``{"d_r": "d_h^R"}``. shapes: "both", "numbers" or "symbols".
+        names: other symbols, e.g. ``{"d_r": "d_hᴿ"}``. shapes: "both", "numbers" or "symbols".
 
     Returns:
         The ``Figure``; its alt text is ``fig.attn_alt``.
@@ -2158,7 +2158,7 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
                     f"up-projects the latent to each head's keys and W_UV to its values V {shp.alt('H', 'L', 'd_h')}; "
                     f"k_R, shared by every head, is appended to each head's keys, K {shp.alt('H', 'L', 'd_h+d_r')}; "
                     "attention then runs in each head with the queries, its scores divided by the square root of "
-                    "d_h + d_h^R.")
+                    f"{shp.sym('d_h')} + {shp.sym('d_r')}.")
         qt = d.block((x2 + d.ext(d_c) / 2, c.center[1] - 0.55 - f - d.ext(L)), L, d_c, role="query", name="Q̃",
                      depth=H, shape=shp("H", "L", "d_c"), shape_at="right")
         d.text(qt.x0 - 0.12, qt.center[1], "queries with\nW_UK folded in", ha="right")
@@ -2166,7 +2166,8 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
         sc = d.op((x2 + 0.35, c.center[1]), f"(Q̃ c_KVᵀ + q_R k_Rᵀ)\n÷ {scale}")
         d.arrow(qt.bottom, (qt.center[0], sc.y0))
         d.arrow(c.right, sc.left)
-        d.arrow(kr.right, (sc.x0 + 0.25, sc.y1), via=[(sc.x0 + 0.25, kr.center[1])], label="with q_R",
+        # the rotary keys enter the score box near its left corner, clear of the "÷ √(...)" line
+        d.arrow(kr.right, (sc.x0 + 0.15, sc.y1), via=[(sc.x0 + 0.15, kr.center[1])], label="with q_R",
                 label_on=0, label_at="below")
         soft = d.op((sc.x1 + 0.55, sc.center[1]), "softmax")
         d.arrow(sc.right, soft.left)
@@ -2185,8 +2186,8 @@ def latent_attention_flow(L: int = 6, E: int = 32, H: int = 4, *, d_c: int = 8, 
         return (f"Diagram of multi-head latent attention with the up-projections absorbed, as at inference: the cache "
                 f"holds the latent c_KV {shp.alt('L', 'd_c')} and the rotary key k_R {shp.alt('L', 'd_r')}; W_UK is "
                 f"folded into the queries, Q̃ {shp.alt('H', 'L', 'd_c')}, so each head's scores are Q̃ c_KVᵀ plus the "
-                f"rotary part q_R k_Rᵀ, divided by the square root of d_h + d_h^R; after the softmax the weights "
-                f"average c_KV itself, giving each head's averaged latents C̄ {shp.alt('H', 'L', 'd_c')}; only then "
+                f"rotary part q_R k_Rᵀ, divided by the square root of {shp.sym('d_h')} + {shp.sym('d_r')}; after the "
+                f"softmax the weights average c_KV itself, giving each head's averaged latents C̄ {shp.alt('H', 'L', 'd_c')}; only then "
                 f"does each head's block of W_UV map them to its output O {shp.alt('H', 'L', 'd_h')}, and the heads' "
                 "outputs side by side go through W_O. No key or value is built for a cached token.")
 
