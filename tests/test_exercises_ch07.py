@@ -392,6 +392,32 @@ def sample_gumbel_noise_on_the_cpu(logits, temperature, generator):
     return (logits / temperature - torch.log(-torch.log(uniform))).argmax(dim=-1)
 
 
+def sample_top_p(logits, temperature, generator, p=0.98):
+    """Nucleus (top-p) sampling at p = 0.98: at temperature 0.5 it drops id 3 (probability 0.002), which an
+    absolute tolerance on the frequencies cannot see (20,000 draws, about 43 expected)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probabilities = torch.softmax(logits / temperature, dim=-1)
+    sorted_p, order = probabilities.sort(dim=-1, descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < p  # the smallest prefix whose total reaches p
+    sorted_p = sorted_p * keep
+    picked = torch.multinomial(sorted_p, 1, generator=generator)
+    return order.gather(-1, picked)[:, 0]
+
+
+def sample_top_p_995(logits, temperature, generator):
+    """Top-p at 0.995: at temperature 0.5 it drops id 3 alone (probability 0.002, about 43 draws expected)."""
+    return sample_top_p(logits, temperature, generator, p=0.995)
+
+
+def sample_drops_the_last_id(logits, temperature, generator):
+    """The last id's probability zeroed (an off-by-one slice of the vocabulary, logits[:, :-1])."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probabilities = torch.softmax(logits[:, :-1] / temperature, dim=-1)
+    return torch.multinomial(probabilities, 1, generator=generator)[:, 0]
+
+
 def sample_right_inverse_cdf(logits, temperature, generator):
     """A correct alternative: the inverse of each row's cumulative distribution."""
     if temperature == 0:
@@ -440,6 +466,9 @@ def test_sample_crash_and_scaffold():
         (sample_top_two, "frequencies"),
         (sample_gumbel_wrong_sign, "frequencies"),
         (sample_gumbel_noise_on_the_cpu, "without device="),
+        (sample_top_p, "no top-k or top-p"),
+        (sample_top_p_995, "id 3 has probability 0.0021"),
+        (sample_drops_the_last_id, "no top-k or top-p"),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):
@@ -861,8 +890,19 @@ def post_norm_mask_on_the_cpu(layer, x, memory, memory_padding):
     return layer.norm3(x + layer.feed_forward(x))
 
 
+def post_norm_right_additive_mask(layer, x, memory, memory_padding):
+    """Accepted: an additive float causal mask of -1e9 (not -inf) above the diagonal. The statement asks for the
+    post-norm wiring, not for a mask convention, and exp(-1e9 + s) is exactly 0 in float32 and float64, the dtypes
+    the layer is checked in (in float16, torch.full(-1e9) rounds to -inf, so it would still be right there)."""
+    T = x.size(1)
+    future = torch.full((T, T), -1e9, dtype=x.dtype, device=x.device).triu(1)
+    x = layer.norm1(x + layer.self_attn(x, x, x, attn_mask=future, need_weights=False)[0])
+    x = layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return layer.norm3(x + layer.feed_forward(x))
+
+
 def test_post_norm_right_answers():
-    for answer in (post_norm_right, post_norm_right_with_a_mask):
+    for answer in (post_norm_right, post_norm_right_with_a_mask, post_norm_right_additive_mask):
         feedback = check_post_norm_decoder_layer(answer)
         assert feedback.status == "correct", str(feedback)
 

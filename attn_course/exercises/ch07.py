@@ -151,6 +151,21 @@ def _frequencies(ids: torch.Tensor, V: int) -> torch.Tensor:
     return torch.bincount(ids.long().cpu(), minlength=V)[:V].double() / len(ids)
 
 
+def _expect_every_count(ids: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Each id's count within 5 standard deviations of its expected count (binomial), so that a rare id dropped or
+    cut down is seen: at temperature 0.5, id 3 has probability 0.002, about 43 draws in 20,000 (std 6.5), which
+    an absolute tolerance of 0.02 on the frequencies cannot see. A right answer fails this about once in a million."""
+    n = len(ids)
+    counts = torch.bincount(ids.long().cpu(), minlength=len(expected))[:len(expected)].double()
+    means, stds = n * expected, (n * expected * (1 - expected)).sqrt()
+    off = [i for i in range(len(expected)) if abs(counts[i] - means[i]) > 5 * stds[i] + 1]
+    for i in sorted(off, key=lambda i: counts[i] >= means[i]):  # an id that comes up too rarely named first
+        detail = (" Sample from the whole distribution: no top-k or top-p (nucleus) cut, no id left out."
+                  if counts[i] < means[i] else "")
+        raise Mismatch(f"{what}: id {i} has probability {expected[i]:.4f}, about {means[i]:.0f} draws in "
+                       f"{n:,}; yours came up {int(counts[i])} times.{detail}")
+
+
 @exercise(
     "Exercise 2, greedy decoding or sampling",
     hint="at temperature 0 take each row's largest logit; otherwise divide the logits by the temperature, turn each "
@@ -207,8 +222,12 @@ def check_sample_next(sample_next) -> str:
                 detail = " They match the logits multiplied by the temperature: divide by it instead."
             elif frequencies.max() > 0.99:
                 detail = " Every sample is the same id: at a temperature above 0, draw at random."
+            elif bool(((frequencies == 0) & (expected * len(first) > 20)).any()):
+                detail = (" Some ids never came up: sample from the whole distribution: no top-k or top-p (nucleus) "
+                          "cut, no id left out.")
             raise Mismatch(f"{what}: the ids should come up with frequencies {[round(p, 3) for p in expected.tolist()]}, "
                            f"yours came up {[round(p, 3) for p in frequencies.tolist()]}.{detail}")
+        _expect_every_count(first, expected, what)
         other = call(sample_next, many, temperature, torch.Generator().manual_seed(2))
         expect(not (isinstance(other, torch.Tensor) and torch.equal(first, other)),
                f"{what}: generators seeded differently gave the same samples: draw with the generator you were "
@@ -224,6 +243,7 @@ def check_sample_next(sample_next) -> str:
         expect(torch.allclose(have, want, atol=0.03),
                f"{what}: rows like row {row} should give frequencies {[round(p, 3) for p in want.tolist()]}, yours "
                f"gave {[round(p, 3) for p in have.tolist()]}: each row is its own distribution over the last axis")
+        _expect_every_count(got[row::2], want, f"{what}, rows like row {row}")
     big = large_scores(4000, 3, generator=generator, spread=1.0)  # rows near +100 and -100
     what = "sample_next(logits near +100 and -100 in float32, temperature=1)"
     got = expect_tensor(call(sample_next, big, 1.0, torch.Generator().manual_seed(3)), what=what, shape=(4000,),
