@@ -678,6 +678,15 @@ def token_private_helper(decoder, previous_tokens, state, states):  # the score 
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
+def token_dot_product_module(decoder, previous_tokens, state, states):  # the fourth review's: v as the query of
+    attention = decoder.attention                                        # DotProductAttention, which then takes the
+    y_prev = decoder.embedding(previous_tokens)                          # score's last product v^T tanh(...) itself
+    keys = torch.tanh(attention.W(torch.cat([state, y_prev], dim=-1))[:, None, :] + attention.U(states))  # (B, S, A)
+    context, weights = ac.DotProductAttention()(attention.v.weight.expand(states.size(0), -1), keys, states)
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
 def token_query_state_detached(decoder, previous_tokens, state, states):  # the third review's: no BPTT through the query
     y_prev = decoder.embedding(previous_tokens)
     context, weights = attend(decoder, torch.cat([state.detach(), y_prev], dim=-1), states)
@@ -819,6 +828,7 @@ CASES = [
     (check_token_query_step, token_query_state_detached, "incorrect", "the gradient that reaches the state s_(i-1)"),
     (check_token_query_step, token_query_token_detached, "incorrect", "reaches decoder.embedding.weight"),
     (check_token_query_step, token_values_detached, "incorrect", "reaches the encoder states"),
+    (check_token_query_step, token_dot_product_module, "incorrect", "you called attn_course.DotProductAttention"),
 ]
 
 

@@ -4,7 +4,8 @@ Each check tries the answer on cases chosen so that the usual mistakes give a wr
 the mistake when it recognises one; the table of those mistakes is in tests/test_exercises_ch01.py.
 They use the shared mechanism of ``attn_course.exercises``: torch's and the package's attention
 forbidden where the exercise writes it (``forbid=("sdpa",)``), ``ac.shift_right``, the decoder's own
-``step`` and its attention module forbidden where the exercise rewrites them, inputs watched for
+``step`` and its attention module forbidden where the exercise rewrites them (exercise 4 also forbids
+``DotProductAttention``, which would take the score's last product, v^T tanh(...)), inputs watched for
 changes in place, sizes unlike the notebook's (``other_sizes``, and one source position), left padding
 and a fully padded row (``padding_cases``), scores near +100 and rows alternating between about +100
 and -100 (``large_scores``), padding that scores 112 above the real tokens (a softmax over all positions, zeroed
@@ -707,7 +708,9 @@ def _close(got, wanted) -> bool:
          "previous token joined along the last axis, state first (width D + E), which W now reads; softmax over "
          "the source positions and the weighted sum of the states give the context; the GRU's input, the new "
          "state and the output layer are as in Bahdanau's step; return the logits, the new state and the weights",
-    forbid=(AttentionDecoder.step, AdditiveAttention),
+    # DotProductAttention too: with v as its query and tanh(W q + U H) as its keys, it would compute the last
+    # product of the score, v^T tanh(...), which the exercise asks the student to write.
+    forbid=(AttentionDecoder.step, AdditiveAttention, DotProductAttention),
 )
 def check_token_query_step(token_query_step) -> str:
     generator = rng(14)
