@@ -146,6 +146,34 @@ def test_right_answers_pass():
         assert bool(feedback)
 
 
+def rope_in_input_dtype(x, positions, base=10000.0):
+    """The notebook's solution: angles in float64, cosines and sines cast to x's dtype, the rotation computed in it
+    (in bfloat16 or float16 for a half-precision x, rounded at each step)."""
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    angles = positions.to(x.device).double()[:, None] * theta
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def rope_hf(x, positions, base=10000.0):
+    """Hugging Face's formulation: float32 frequencies, cat([f, f]), rotate_half, cosines cast to x's dtype."""
+    D = x.size(-1)
+    inv_freq = 1.0 / (base ** (torch.arange(0, D, 2, device=x.device).float() / D))
+    angles = torch.outer(positions.to(x.device).float(), inv_freq)
+    full = torch.cat([angles, angles], dim=-1)  # (T, D)
+    rotated_half = torch.cat([-x[..., D // 2:], x[..., : D // 2]], dim=-1)
+    return x * full.cos().to(x.dtype) + rotated_half * full.sin().to(x.dtype)
+
+
+def test_rope_in_the_input_dtype_passes():
+    """Half-precision inputs are rotated in their own dtype with float32 or float64 angles: right."""
+    for answer in (rope_in_input_dtype, rope_hf):
+        feedback = check_rotate_half_rope(answer)
+        assert feedback.status == "correct", str(feedback)
+
+
 def test_float32_rope_passes():
     assert check_rotate_half_rope(lambda x, p, b: rope(x.float(), p, b).float())
 
@@ -326,6 +354,25 @@ def _far_share_cpu_only(weights, first_query, far):
     return (weights * (offset >= far)).sum(-1)[:, :, query_pos >= first_query].mean(dim=(0, 2))
 
 
+def _rope_angles_in_input_dtype(x, positions, base=10000.0):
+    """The frequencies and the angles made in x's dtype: right for float32 and float64, bfloat16 angles for a
+    bfloat16 x (the chapter's own common bug)."""
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=x.dtype, device=x.device) / D)
+    angles = positions.to(x.device).to(x.dtype)[:, None] * theta
+    first, second = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([first * angles.cos() - second * angles.sin(), first * angles.sin() + second * angles.cos()], -1)
+
+
+def _rope_positions_float16(x, positions, base=10000.0):
+    """The positions rounded to float16, the product in float32: exact up to 2048, then 2049 -> 2048."""
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D)
+    angles = positions.to(x.device).half().float()[:, None] * theta
+    first, second = x[..., : D // 2].float(), x[..., D // 2:].float()
+    return torch.cat([first * angles.cos() - second * angles.sin(), first * angles.sin() + second * angles.cos()], -1)
+
+
 def _rope_cpu_only(x, positions, base=10000.0):
     """Right on the CPU, but the frequencies are made without device=."""
     D = x.size(-1)
@@ -469,6 +516,10 @@ def _convert_negate_pair(weight, num_heads):
         (check_interleaved_to_halves, _convert_negate_second_half, "is not one of head 0's rows as they were"),
         (check_interleaved_to_halves, lambda w, h: interleaved_to_halves(w, h, mode="columns"), "leaves the columns"),
         (check_interleaved_to_halves, _convert_rows_reversed, "not in the order the half layout needs"),
+        # the fourth fresh review (chapter-09-fourth.md): half-precision inputs
+        (check_rotate_half_rope, _rope_angles_in_input_dtype, "angles computed in bfloat16 .*at position 2001.* x is "
+                                                              "bfloat16 here"),
+        (check_rotate_half_rope, _rope_positions_float16, "angles computed in float16 .*at position 2049"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):

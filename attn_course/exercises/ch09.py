@@ -5,7 +5,8 @@ the mistake when it recognises one; the table of those mistakes is in tests/test
 They use the shared mechanism of ``attn_course.exercises``: the package forbidden where the exercise
 asks for plain torch (``forbid=("attn_course",)``), inputs watched for changes in place, sizes unlike
 the notebook's (one pair, an odd number of pairs, a single position, heads as a leading axis, one head,
-head counts up to BLOOM's 112), float32 as well as float64, and slopes given as a list, a numpy array
+head counts up to BLOOM's 112), float32 as well as float64 (exercise 1 also bfloat16 and float16 inputs,
+whose angles must still be computed in float32 or float64), and slopes given as a list, a numpy array
 or a tensor. Exercises 1 and 4 try one case more on another device (:func:`attn_course.exercises.other_device`:
 the accelerator, else PyTorch's meta device), so that a tensor made without ``device=`` is named, and so is
 data copied out to the CPU (``.cpu()``, ``.tolist()``, ``.item()``: the statements ask for neither), which on
@@ -29,9 +30,9 @@ from . import (Mismatch, call, call_elsewhere, exercise, expect_close, expect_on
 __all__ = ["check_rotate_half_rope", "check_alibi_slopes", "check_interleaved_to_halves", "check_far_share"]
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-6) -> bool:
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-6, rtol: float = 1e-5) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(),
-                                                      atol=atol, rtol=1e-5))
+                                                      atol=atol, rtol=rtol))
 
 
 def _halves(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -180,11 +181,16 @@ def _low_precision(got: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, 
                        "and compute the rotation in it (or in float64, then cast the result back)")
     error = (angles - exact_angles).abs()  # (T, D/2)
     row = int(error.max(dim=-1).values.argmax())
+    own = (f" x is {name} here, so frequencies and angles made in x's dtype (dtype=x.dtype, positions.to(x.dtype)) "
+           f"are {name} ones: the package computes them in float32 at least, whatever x's dtype."
+           if x.dtype == dtype else "")
     raise Mismatch(f"{what}: your angles lose precision: they match angles computed in {name} ({bits} significant "
                    f"bits); here the largest angle error is {float(error.max()):.2g} radian, at position "
-                   f"{int(positions[row])}, and it grows with the position (section 3 measures it at position 2,000). Compute the frequencies and "
-                   "the angles in float32 or float64, then cast the result")
+                   f"{int(positions[row])}, and it grows with the position (section 3 measures it at position "
+                   f"2,000).{own} Compute the frequencies and the angles in float32 or float64, then cast the result")
 
+
+_HALF = (torch.float16, torch.bfloat16)
 
 # The reference helpers of this module compute the answers: an answer that calls them does not count.
 _PRIVATE = (_close, _halves, _power_of_two_slopes, _per_head_scores, _far_share, _rope_mistakes, _low_precision)
@@ -210,20 +216,31 @@ def check_rotate_half_rope(rope) -> str:
         ((2, 3, 16), torch.tensor([2001, 301, 298]), 10000.0),
         ((2, 5, 8), torch.tensor([0, 31, 64, 96, 127]), 10000.0),  # chapter 09's test positions
     ]
-    for index, (shape, positions, base) in enumerate(cases):
-        dtype = torch.float32 if index == len(cases) - 1 else torch.float64
+    dtypes = [torch.float64] * (len(cases) - 1) + [torch.float32]
+    # Half-precision inputs, as a model run in bfloat16 or float16 gives them: the angles must still be computed in
+    # float32 or float64 (the package's float32 at least), not in x's dtype; 2049 is above 2048, the last integer
+    # that float16 holds exactly (positions rounded to float16 make it 2048)
+    cases += [((2, 4, 64), torch.tensor([2001, 301, 298, 2049]), 10000.0)] * 2
+    dtypes += [torch.bfloat16, torch.float16]
+    for shape, positions, base, dtype in ((*case, dtype) for case, dtype in zip(cases, dtypes)):
         x = randn(*shape, generator=g, dtype=dtype)
         what = f"rope(x, positions={positions.tolist()}, base={base:g}) for x of shape {shape} ({dtype})"
         got = expect_tensor(call(rope, x, positions, base), what=what, shape=x.shape, dtype="float")
-        expected = apply_rotary_embedding(x, positions, base=base, interleaved=False)
+        expected = apply_rotary_embedding(x.double() if dtype in _HALF else x, positions, base=base, interleaved=False)
         # Angles computed in float32 (as the package does for float32 inputs) are at most about 2e-5 radian off
         # at position 300, which moves a coordinate by less than 1e-4, and about 2.5e-4 radian at 2001 (1e-3 is
         # allowed there); bfloat16 or float16 angles are off by 0.06 radian or more at 300, a position rounded to
         # bfloat16 (2001 to 2000 or 2002) by one radian in pair 0, and every mistake named above by far more.
-        atol = 1e-3 if int(positions.max()) > 1000 else 1e-4
-        if not _close(got, expected, atol=atol):
+        atol, rtol = (1e-3 if int(positions.max()) > 1000 else 1e-4), 1e-4
+        if dtype in _HALF:
+            # A half-precision x: the exact rotation of x (float64), to within the rounding of a result computed in
+            # x's dtype with cosines and sines cast to it (at most 0.02 in bfloat16 and 0.003 in float16 on such a
+            # case); angles made in bfloat16 or float16, or positions rounded to them, are off by 1 or more here.
+            eps = torch.finfo(dtype).eps
+            atol, rtol = 8 * eps, 4 * eps
+        if not _close(got, expected, atol=atol, rtol=rtol):
             _rope_mistakes(got, x, positions, base, what)
-        expect_close(got, expected, what=what, atol=atol, rtol=1e-4)
+        expect_close(got, expected, what=what, atol=atol, rtol=rtol)
     # Once more with x and the positions on another device (a GPU, or the meta device standing in for one): the
     # frequencies and angles must be made there too, and the result must come back there. On meta, an answer that
     # computes on the CPU shows as data copied out of the inputs, which the statement rules out: named.
