@@ -6,10 +6,13 @@ wrong width under the root, the softmax over the wrong axis, ``K Qᵀ``, one lay
 variance where a standard deviation is asked, σ_Q = σ_K assumed) before comparing values, and uses
 the shared mechanism of ``attn_course.exercises``: torch's and the package's attention forbidden in
 exercise 1, the softmax, autograd (backward and forward mode) and the exponential and logarithm that
-finite differences need in exercise 2 (which also runs once on another device, and once on a p with one
-tiny probability, where a finite difference's change is lost to rounding, by whatever route it computes the
-exponential), inputs watched for changes in place (exercise 3 also names an in-place operation on x that
-leaves its values as they were), results' dtype and device. ``keys.T`` on a batch fails with PyTorch's own error, and
+finite differences need in exercise 2 (which also runs once on a p with one tiny probability, where a finite
+difference's change is lost to rounding, by whatever route it computes the exponential; a complex-step
+derivative in numpy is exact to rounding and is not caught, and the notebook says so), inputs watched for
+changes in place (exercises 1 and 3 also name an in-place operation on an input that leaves its values as they
+were, x.mul_(1.0)), results' dtype and device. Exercises 1, 2 and 3 run once more on another device (the GPU,
+or PyTorch's meta device): a tensor made on the CPU is named, and so, in exercise 3, is a scale kept as a plain
+tensor attribute of the module, which module.to(device) leaves behind. ``keys.T`` on a batch fails with PyTorch's own error, and
 exercise 3's hint names the fix. The table of wrong answers is in tests/test_exercises_ch03.py.
 """
 
@@ -131,9 +134,29 @@ def check_self_attention_by_hand(self_attention_by_hand) -> str:
         x = randn(T, d_in, generator=generator, scale=scale)
         W_query, W_key, W_value = (randn(d_in, d, generator=generator) for d in (d_k, d_k, d_v))
         what = f"x of shape (T={T}, d_in={d_in}), d_k={d_k}, d_v={d_v}" + (" (scores near ±100)" if scale > 1 else "")
+        inputs = {"x": x, "W_query": W_query, "W_key": W_key, "W_value": W_value}
+        versions = {name: tensor._version for name, tensor in inputs.items()}
         result = call(self_attention_by_hand, x, W_query, W_key, W_value)
+        for name, tensor in inputs.items():  # as in exercise 3: x.mul_(1.0) leaves the values, not the version
+            _expect_untouched(tensor, versions[name], what, name=name, who="your function")
         queries, keys, values = x @ W_query, x @ W_key, x @ W_value  # (T, d_in) @ (d_in, d) -> (T, d)
         _weights_and_context(result, queries, keys, values, what, d_in=d_in, notebook_d_k=16)
+    # Once more at the notebook's sizes on another device (a GPU, or the meta device standing in for one): a
+    # scale made as a CPU tensor (torch.tensor([16.0]).sqrt()) fails there, as it would on a GPU.
+    device = other_device()
+    x, W_query, W_key, W_value = (randn(*shape, generator=generator).to(device) for shape in ((5, 4), (4, 16), (4, 16), (4, 6)))
+    shown = f"x of shape (T=5, d_in=4), d_k=16, d_v=6, on the {device.type} device"
+    result = call_elsewhere(self_attention_by_hand, x, W_query, W_key, W_value, device=device, what=shown,
+                            made_by="torch.tensor, torch.zeros, torch.ones ...", copy_out_is_a_mistake=False)
+    if result is not None:
+        context, weights = _pair(result, shown)
+        expect_on_device(weights, device, f"weights for {shown}", dtype="float")
+        expect_on_device(context, device, f"context for {shown}", dtype="float")
+        if device.type != "meta":  # meta tensors have no values to compare
+            _weights_and_context(result, x @ W_query, x @ W_key, x @ W_value, shown, d_in=4, notebook_d_k=16)
+        else:
+            expect_tensor(weights, what=f"weights for {shown}", shape=(5, 5))
+            expect_tensor(context, what=f"context for {shown}", shape=(5, 6))
     return "your weights and context vectors match attn_course.scaled_dot_product_attention, at every size tried."
 
 
@@ -148,6 +171,8 @@ _AUTOGRAD_ROUTES = (torch.autograd.functional.jacobian, torch.autograd.functiona
 # exponential; the formula needs neither. The guards do not see numpy's exp and log, an exponential written as a
 # power of e or as sigmoid(h) / (1 - sigmoid(h)): the case with one tiny probability catches those by value (a
 # finite difference loses a change of about 1e-23 in p_1 to rounding; the formula gets it to float precision).
+# A complex-step derivative (numpy, ω_j + i·h with h = 1e-30) loses nothing to rounding and is not caught: the
+# notebook's statement says so rather than promising every numerical route.
 _FROM_P = ("the Jacobian is built from p alone: recomputing the softmax from scores (finite differences, say) "
            "is not a derivation, and the formula needs no logarithm and no exponential")
 _TINY = "a p with one tiny probability (scores [0.5, 0, -40])"
@@ -227,7 +252,7 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
                     f"{what}: the entries of the tiny probability p_3 = {float(p[2]):.2g} are off; first at index {index}: "
                     f"expected {float(expected[index]):.3g}, got {float(got[index]):.3g}. The formula gets them to float "
                     "precision. A finite difference cannot: nudging ω_3 by h changes p_1 by about h·1e-18, which is lost "
-                    "to rounding next to p_1 ≈ 0.6 (finite differences are not a derivation, by any route); and a "
+                    "to rounding next to p_1 ≈ 0.6 (a finite difference is not a derivation); and a "
                     "clamped p changes them")
         norms.append(float(expected.norm()))
     # Once more with p on another device (a GPU, or the meta device standing in for one): the Jacobian must be
@@ -246,11 +271,16 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
     )
 
 
-def _expect_x_untouched(x: torch.Tensor, version: int, what: str) -> None:
+def _expect_untouched(x: torch.Tensor, version: int, what: str, name: str = "x", who: str = "your forward") -> None:
     """Name an in-place change of the caller's x, even one that leaves its values as they were (x.div_(1.0))."""
-    expect(x._version == version, f"{what}: your forward changed x in place (an operation ending in _, such as div_ or "
-           "clamp_, or x /= ...), even if its values came out the same. That breaks backward through an earlier output "
-           "that used x, and changes the caller's tensor: leave x alone and use the out-of-place operation (x / 2, not x /= 2)")
+    expect(x._version == version, f"{what}: {who} changed {name} in place (an operation ending in _, such as div_, "
+           f"mul_ or clamp_, or {name} /= ...), even if its values came out the same. That breaks backward through an "
+           f"earlier output that used {name}, and changes the caller's tensor: leave {name} alone and use the "
+           f"out-of-place operation ({name} / 2, not {name} /= 2)")
+
+
+def _expect_x_untouched(x: torch.Tensor, version: int, what: str) -> None:
+    _expect_untouched(x, version, what)
 
 
 def _check_module(module_class, d_in: int, d_k: int, d_v: int, x: torch.Tensor, note: str = "") -> tuple:
@@ -296,6 +326,49 @@ def _check_module(module_class, d_in: int, d_k: int, d_v: int, x: torch.Tensor, 
     return module, result[0]
 
 
+def _left_behind(module: nn.Module, device: torch.device) -> list[tuple[str, torch.Tensor]]:
+    """The plain tensor attributes (neither parameters nor buffers) that module.to(device) left elsewhere."""
+    return [(f"{prefix}.{name}" if prefix else name, value) for prefix, sub in module.named_modules()
+            for name, value in vars(sub).items()
+            if isinstance(value, torch.Tensor) and not name.startswith("_") and value.device.type != device.type]
+
+
+def _module_elsewhere(module_class, x: torch.Tensor) -> None:
+    """The notebook's sizes once more, with the student's module moved to another device (a GPU, or the meta device
+    standing in for one) by .to(device): a scale kept as a plain tensor attribute does not follow it and is named."""
+    device = other_device()
+    module = call(module_class, 5, 8, 3).to(device)  # .to returns the module itself
+    left = _left_behind(module, device)
+    shown = f"x of shape (B=2, T=6, d_in=5), d_k=8, d_v=3, with x and your module moved to the {device.type} device"
+    try:
+        result = call_elsewhere(module, x.to(device), device=device, what=shown,
+                                made_by="torch.tensor, torch.zeros, torch.ones ...", copy_out_is_a_mistake=False)
+    except Mismatch:
+        if not left:
+            raise
+        name, tensor = left[0]
+        raise Mismatch(
+            f"{shown}: your forward failed there, because your module keeps `{name}` as a plain tensor attribute, and "
+            f"module.to(device) moves only parameters and buffers: `{name}` stayed on {tensor.device}, and it fails "
+            f"next to tensors on the {device.type} device" + (" (the meta device stands for a GPU here)" if
+                                                              device.type == "meta" else "") +
+            f". Keep the scale a Python float (d_k ** -0.5), or register it as a buffer "
+            f"(self.register_buffer(\"{name.split('.')[-1]}\", ...)) so that it follows the module") from None
+    if result is None:  # the meta device could not judge it (it needed values); the CPU cases did
+        return
+    context, weights = _pair(result, shown)
+    expect_on_device(weights, device, f"weights for {shown}", dtype="float")
+    expect_on_device(context, device, f"context for {shown}", dtype="float")
+    if device.type == "meta":  # meta tensors have no values to compare
+        expect_tensor(weights, what=f"weights for {shown}", shape=(2, 6, 6))
+        expect_tensor(context, what=f"context for {shown}", shape=(2, 6, 3))
+        return
+    with torch.no_grad():
+        x = x.to(device)
+        queries, keys, values = module.W_query(x), module.W_key(x), module.W_value(x)  # (B, T, d)
+    _weights_and_context(result, queries, keys, values, shown, d_in=5, notebook_d_k=8)
+
+
 @exercise(
     "Exercise 3, a self-attention module with d_k ≠ d_v",
     hint="three separate linear layers without bias, created in __init__ and named as the exercise says: queries and "
@@ -325,6 +398,7 @@ def check_self_attention_module(module_class) -> str:
         _check_module(module_class, d_in, d_k, d_v, randn(size.B, size.T, d_in, generator=generator))
     # Inputs large enough that the scaled scores reach about ±100, where exp without its maximum shift overflows.
     _check_module(module_class, 5, 8, 3, randn(2, 6, 5, generator=generator, scale=15.0), note=" (scores near ±100)")
+    _module_elsewhere(module_class, randn(2, 6, 5, generator=generator))
     return "the module gives contexts of shape (B, T, d_v), scaled by sqrt(d_k), at every size tried, and trains all three projections."
 
 
