@@ -434,9 +434,30 @@ def sample_right_powers(logits, temperature, generator):
     return torch.multinomial(torch.softmax(logits, dim=-1).double() ** (1 / temperature), 1, generator=generator)[:, 0]
 
 
+def sample_returns_ids_on_the_cpu(logits, temperature, generator):
+    """The fourth review's accepted answer: the ids come back on the CPU (on a GPU, translate's torch.cat fails)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1).cpu()
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1).cpu(), 1, generator=generator).squeeze(1)
+
+
+def sample_ids_from_a_list(logits, temperature, generator):
+    """Ids sampled right, then rebuilt from a Python list without device=: they land on the CPU."""
+    if temperature == 0:
+        return torch.tensor(logits.argmax(dim=-1).tolist())
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator)[:, 0]
+
+
+def sample_right_copied_out_and_back(logits, temperature, generator):
+    """A correct alternative: the argmax on a CPU copy, moved back to the logits' device."""
+    if temperature == 0:
+        return logits.cpu().argmax(dim=-1).to(logits.device)
+    return sample_right(logits, temperature, generator)
+
+
 def test_sample_right():
     for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature,
-                   sample_right_inverse_cdf, sample_right_powers):
+                   sample_right_inverse_cdf, sample_right_powers, sample_right_copied_out_and_back):
         feedback = check_sample_next(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -466,6 +487,8 @@ def test_sample_crash_and_scaffold():
         (sample_top_two, "frequencies"),
         (sample_gumbel_wrong_sign, "frequencies"),
         (sample_gumbel_noise_on_the_cpu, "without device="),
+        (sample_returns_ids_on_the_cpu, "you copied data to the CPU (.cpu())"),
+        (sample_ids_from_a_list, "you copied data to the CPU (.tolist())"),
         (sample_top_p, "no top-k or top-p"),
         (sample_top_p_995, "id 3 has probability 0.0021"),
         (sample_drops_the_last_id, "no top-k or top-p"),
@@ -645,6 +668,23 @@ def beam_right_stops_when_the_best_has_ended(next_log_probs, beam_width, max_len
     return torch.tensor(beams[0][0][1:])
 
 
+def beam_greedy_after_the_first_step(next_log_probs, beam_width, max_len, start_id, end_id):
+    """The fourth review's answer: beam_width first tokens, each continued greedily. On one random table it finds a
+    more probable sequence than the beam search described, and the message must not look backwards."""
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        alive = [b for b in beams if b[0][-1] != end_id]
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))
+        candidates = [b for b in beams if b[0][-1] == end_id]
+        for (ids, score), row in zip(alive, log_probs):
+            values, tokens = row.topk(beam_width) if len(beams) == 1 else row.max(0, keepdim=True)
+            candidates += [(ids + [int(t)], score + float(v)) for v, t in zip(values, tokens)]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+    return beams[0][0][1:]
+
+
 def beam_right_finished_set_aside(next_log_probs, beam_width, max_len, start_id, end_id):
     """A correct alternative (as many libraries do it): finished hypotheses leave the beam, beam_width
     unfinished ones go on, the best of all is returned."""
@@ -681,6 +721,7 @@ def test_beam_right_answers():
         (beam_keeps_start, "leave the start symbol out"),
         (beam_width_two, "beam_width=2 only"),
         (beam_package, "you called"),
+        (beam_greedy_after_the_first_step, "beam search does not promise the most probable sequence"),
     ],
 )
 def test_beam_wrong_answers_are_told_what_is_wrong(answer, words):

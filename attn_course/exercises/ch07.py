@@ -21,7 +21,9 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   that size and sliced is named.
 - Exercises 2 and 4 try one more case on another device (:func:`other_device`): the notebook's GPU,
   or the meta device where there is none, so that a mask or noise made without ``device=`` is named
-  on every machine. Exercise 3 tries one more case on the GPU when there is one (:func:`_accelerator`).
+  on every machine; exercise 2 names ids returned on the CPU there too (:class:`_CopiesOut`). Exercise 3 tries
+  one more case on the GPU when there is one (:func:`_accelerator`), and says, where a wrong search finds a more
+  probable sequence than the reference, that beam search does not promise the most probable one.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ import functools
 import math
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..transformer import DecoderLayer, Transformer
 from ..translator import DEFAULT_LEXICON, beam_search, beam_translate, french_noun_phrase
 from ..utils import get_device
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_tensor,
                forbidden, large_scores, other_device, other_sizes, padding_cases, randn, rng, tolerance)
+from . import _meta_note
 from ._core import _StudentCodeFailed
 
 __all__ = ["check_french_noun_phrase", "check_sample_next", "check_beam_search", "check_post_norm_decoder_layer"]
@@ -147,6 +151,43 @@ def _accelerator() -> torch.device | None:
 # Exercise 2
 
 
+class _CopiesOut(TorchFunctionMode):
+    """Records the answer's copies of data to the CPU (``.cpu()``, ``.to("cpu")``, ``.numpy()``, ``.tolist()``)
+    from a tensor that lives elsewhere, in ``copied``. The meta device has no data to copy ("Cannot copy out of meta
+    tensor"): there the copy gets stand-in values of the right shape and dtype (rows of equal probabilities, or
+    zeros for ids), so that the answer runs on and the check can see where its result ends up: still on the CPU
+    (a mistake), or moved back to the inputs' device (right)."""
+
+    _NAMES = ("cpu", "to", "numpy", "tolist")
+
+    def __init__(self, copied: list) -> None:
+        super().__init__()
+        self.copied = copied
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        source = args[0] if args else None
+        if name not in self._NAMES or not isinstance(source, torch.Tensor) or source.device.type == "cpu":
+            return func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except (NotImplementedError, TypeError, RuntimeError) as error:
+            if source.device.type != "meta":
+                raise
+            if source.is_floating_point() and source.dim():  # rows of equal probabilities
+                stand_in = torch.full(source.shape, 1 / max(source.shape[-1], 1), dtype=source.dtype)
+            else:
+                stand_in = torch.zeros(source.shape, dtype=source.dtype)
+            try:
+                result = func(stand_in, *args[1:], **kwargs)
+            except (NotImplementedError, TypeError, RuntimeError):
+                raise error from None  # not a copy to the CPU: the answer's own error
+        if name != "to" or (isinstance(result, torch.Tensor) and result.device.type == "cpu"):
+            self.copied.append(name)
+        return result
+
+
 def _frequencies(ids: torch.Tensor, V: int) -> torch.Tensor:
     return torch.bincount(ids.long().cpu(), minlength=V)[:V].double() / len(ids)
 
@@ -250,16 +291,32 @@ def check_sample_next(sample_next) -> str:
                         dtype="integer", device=big)
     expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
     # Once more on another device: the notebook's GPU with a generator there, as translate(...) on a GPU does, or
-    # the meta device (with a CPU generator) where there is none, so that noise made without device= is named.
+    # the meta device (with a CPU generator) where there is none, so that noise made without device= is named, and
+    # ids returned on the CPU (.cpu() before or after sampling) too: translate(...) appends them to sentences that
+    # live on the logits' device. Copying out and back (numpy's argmax, then .to(logits.device)) is a right answer:
+    # on the meta device, _CopiesOut hands the copy stand-in values, so that the answer runs on to its result.
     device = other_device()
     on_device = logits.repeat(500, 1).to(device)  # (1000, 4)
     for temperature in (0.0, 1.0):
         what = f"sample_next(logits of shape (1000, 4) on the {device.type} device, temperature={temperature})"
         generator_there = torch.Generator(device=device) if device.type != "meta" else torch.Generator()
-        got = call_elsewhere(sample_next, on_device, temperature, generator_there.manual_seed(0), device=device,
+        copied = []  # the copies to the CPU that the answer made: "cpu", "numpy", ...
+
+        @functools.wraps(sample_next)
+        def answer(*args):
+            with _CopiesOut(copied):
+                return sample_next(*args)
+        got = call_elsewhere(answer, on_device, temperature, generator_there.manual_seed(0), device=device,
                              what=what, made_by="torch.rand, torch.empty, torch.zeros, torch.tensor ...",
-                             copy_out_is_a_mistake=False)  # copying to numpy and back is a right answer here
+                             copy_out_is_a_mistake=True)
         if got is not None:
+            if isinstance(got, torch.Tensor) and got.device.type != device.type and copied:
+                calls = ", ".join(f".{name}()" for name in dict.fromkeys(copied))
+                raise Mismatch(f"{what}: your ids came back on {got.device}, not on the logits' device"
+                               f"{_meta_note(device)}: you copied data to the CPU ({calls}) and returned the result "
+                               "there. translate(...) appends each id to sentences that live on the logits' device, "
+                               "and mixing the two fails: sample where the logits are (torch.multinomial with the "
+                               "generator you were given), or move the ids back with .to(logits.device)")
             got = expect_on_device(got, device, what, dtype="integer")
             expect_tensor(got, what=what, shape=(1000,), dtype="integer")
     return "greedy at temperature 0, and samples that follow softmax(logits / temperature) row by row, reproducibly."
@@ -443,8 +500,15 @@ def check_beam_search(beam_search_fn) -> str:
             total += float(model.probabilities(prefix)[token].log())
             prefix += (token,)
         return total
-    shown = f" (total log-probability {score(got):.3f})" if got and all(0 <= t < model.V for t in got) else ""
-    raise Mismatch(f"{what}: expected {expected} (total log-probability {score(expected):.3f}), got {got}{shown}")
+    scored = bool(got) and all(0 <= t < model.V for t in got)
+    shown = f" (total log-probability {score(got):.3f})" if scored else ""
+    better = ""
+    if scored and score(got) > score(expected) + 1e-9:  # the student sees a higher score and doubts the check
+        better = (". Yours is more probable, but beam search does not promise the most probable sequence: it drops "
+                  "prefixes that score lower at some step. Yours is not the one that the search described in the "
+                  "exercise keeps (at every step, the beam_width best of all the extended and finished prefixes)")
+    raise Mismatch(f"{what}: expected {expected} (total log-probability {score(expected):.3f}), got {got}{shown}"
+                   f"{better}")
 
 
 # --------------------------------------------------------------------------------------------------
