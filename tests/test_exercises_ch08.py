@@ -338,6 +338,36 @@ def causal_tile_per_row(query_tile, keys, values, first_query, block_size):
     return torch.stack(rows), tiles
 
 
+def causal_tile_two_pass(query_tile, keys, values, first_query, block_size, recompute=False):
+    """Wrong (fourth review): not online. The first pass computes every tile's scores (stored, or only their
+    maximum kept and the scores recomputed), the second exponentiates them against the overall maximum."""
+    Lb, D = query_tile.shape
+    positions = first_query + torch.arange(Lb, device=query_tile.device)[:, None]
+    starts = [start for start in range(0, keys.size(0), block_size) if start <= first_query + Lb - 1]
+
+    def scores_of(start):
+        s = query_tile @ keys[start:start + block_size].T / math.sqrt(D)  # (Lb, Sb)
+        return s.masked_fill(start + torch.arange(s.size(1), device=s.device)[None, :] > positions, float("-inf"))
+
+    tiles = [scores_of(start) for start in starts]
+    m = torch.cat(tiles, dim=1).amax(dim=1, keepdim=True)  # the overall maximum, before any exponential
+    l, acc = 0.0, 0.0
+    for start, s in zip(starts, tiles):
+        p = torch.exp((scores_of(start) if recompute else s) - m)
+        l, acc = l + p.sum(dim=1, keepdim=True), acc + p @ values[start:start + block_size]
+    return acc / l, len(starts)
+
+
+def cache_step_without_max_shift(query, key, value, cache_keys, cache_values, length):
+    """Wrong (fourth review): a hand-written softmax that does not subtract the row maximum (inf near 100)."""
+    T, S = query.size(2), length + query.size(2)
+    cache_keys[:, :, length:S], cache_values[:, :, length:S] = key, value
+    scores = query @ cache_keys[:, :, :S].transpose(-2, -1) / math.sqrt(query.size(-1))  # (B, H, T, S)
+    allowed = torch.ones(T, S, dtype=torch.bool, device=query.device).tril(diagonal=length)
+    e = torch.exp(scores) * allowed
+    return e / e.sum(-1, keepdim=True) @ cache_values[:, :, :S]
+
+
 def causal_tile_fixed_device(query_tile, keys, values, first_query, block_size):
     """Wrong on a GPU (second review): m, l, acc and the positions made without device=."""
     Lb, D = query_tile.shape
@@ -427,6 +457,11 @@ def test_the_question_is_part_of_exercise_3():
         # the review's accepted answers: no loop, all keys at once; and the loop over every tile, counted right
         (check_causal_tile_attention, causal_tile_no_loop, "must not be read at all"),
         (check_causal_tile_attention, causal_tile_reads_every_tile, "must not be read at all"),
+        # the fourth review's accepted answer: two passes, the overall maximum taken before any exponential
+        (check_causal_tile_attention, causal_tile_two_pass, "before its first exponential"),
+        (check_causal_tile_attention, functools.partial(causal_tile_two_pass, recompute=True), "two passes over the keys"),
+        # the fourth review's accepted answer to exercise 5: a softmax without its max shift, on scores near 100
+        (check_cache_attention_step, cache_step_without_max_shift, "overflows float32"),
         (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile_no_loop(q, k, v, f, n, needed_keys_only=True),
          "all at once"),
         # the review's accepted answer: the accumulators made without dtype=, so float32 for float64 inputs

@@ -8,7 +8,10 @@ changes in place (the cache buffers of exercise 5 are ``mutable``), results' kin
 device, sizes unlike the notebook's, scores near 100 in float32 (``large_scores``) and near 1000 in
 float64, where an online softmax without its max shift overflows, and one case of exercises 2 and 5 on
 another device (``other_device``: the notebook's GPU, else the meta device). Exercise 2 also counts the
-matrix products and the exponentials of the answer: a loop over k tiles takes at least k of the latter.
+matrix products and the exponentials of the answer: a loop over k tiles takes at least k of the latter,
+and an online one takes its first exponential before the second tile's scores (an answer that computes
+every tile's scores before any exponential took the maximum over all of them first: two passes). Exercise 5
+has a float32 run whose scores lie near 100, where a softmax written without its max shift overflows.
 """
 
 from __future__ import annotations
@@ -229,14 +232,17 @@ class _CountExponentials(TorchFunctionMode):
     """Counts the torch calls that exponentiate (exp and its relatives, any route, by name) while it is in force:
     a loop over k tiles exponentiates each tile's scores, so at least k of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, products: _CountProducts | None = None) -> None:
         super().__init__()
         self.count = 0
+        self.products, self.products_before = products, None  # products counted before the first exponential
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name.rstrip("_") in _EXPONENTIALS or name.lstrip("_").rstrip("_") in ("pow", "rpow"):
             self.count += 1
+            if self.products_before is None and self.products is not None:
+                self.products_before = self.products.count
         return func(*args, **(kwargs or {}))
 
 
@@ -333,7 +339,8 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         # them, even with a weight of 0 (0 x NaN = NaN), returns NaN. Meanwhile, count its matrix products.
         unread = needed * block_size
         poisoned = (_unwritten_after(keys, unread), _unwritten_after(values, unread)) if unread < S else (keys, values)
-        with _CountProducts() as products, _CountExponentials() as exponentials:
+        products = _CountProducts()
+        with products, _CountExponentials(products) as exponentials:  # the inner mode sees each call first
             again = call(causal_tile_attention, query_tile, *poisoned, first_query, block_size)
         again = expect_tensor(again[0] if isinstance(again, (tuple, list)) else again,
                               what=f"{what}: output", shape=(Lb, Dv), dtype="float")
@@ -346,6 +353,13 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
             raise Mismatch(f"{what}: your answer computed the scores of the {needed} key tiles it needs with "
                            f"{products.count} matrix product(s), so all at once rather than one tile after another. "
                            "The loop is the exercise: read one tile of keys at a time and fold it into m, l and acc.")
+        if needed > 1 and (exponentials.products_before or 0) >= needed:
+            raise Mismatch(f"{what}: your answer computed {exponentials.products_before} matrix products, the scores "
+                           f"of all {needed} key tiles it needs, before its first exponential: it took the maximum "
+                           "over every tile first (two passes over the keys, or every tile's scores stored), so it "
+                           "holds or recomputes a whole row of scores, which is what FlashAttention avoids. Keep m, l "
+                           "and acc per query as in section 4: compute one tile's scores, update the running maximum, "
+                           "exponentiate that tile against it and fold it in before reading the next tile.")
         if exponentials.count < needed:
             raise Mismatch(f"{what}: your answer took exponentials {exponentials.count} time(s) for the {needed} key "
                            "tiles it needs, so it weighed their scores all at once (by broadcasting, or one query row "
@@ -585,6 +599,7 @@ _CACHE_RUNS = (  # (B, H, D, max_len, dtype, steps as (first token, end)): the n
     (2, 3, 8, 16, torch.float64, ((0, 5), (5, 6), (6, 9), (9, 12))),  # a prompt of 5, one token, chunks of 3
     (1, 1, 4, 9, torch.float32, ((0, 1), (1, 4), (4, 5), (5, 9))),  # one sequence, one head, float32, a full buffer
     (3, 2, 5, 11, torch.float32, ((0, 2), (2, 3), (3, 7))),  # three sequences, an odd head width
+    (2, 2, 4, 10, torch.float32, ((0, 3), (3, 4), (4, 7))),  # float32 scores near 100 (see _check_cache_run)
 )
 
 
@@ -596,7 +611,8 @@ _CACHE_RUNS = (  # (B, H, D, max_len, dtype, steps as (first token, end)): the n
 )
 def check_cache_attention_step(cache_attention_step) -> str:
     for run, (B, H, D, max_len, dtype, steps) in enumerate(_CACHE_RUNS):
-        _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed=21 + run)
+        _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed=21 + run,
+                         large=run == len(_CACHE_RUNS) - 1)
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
     device = other_device()
     generator = rng(31)
@@ -617,11 +633,13 @@ def check_cache_attention_step(cache_attention_step) -> str:
             "of ac.cached_self_attention.")
 
 
-def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed) -> None:
+def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed, large=False) -> None:
     generator = rng(seed)
     tokens = steps[-1][1]
     q, k, v = (randn(B, H, tokens, D, generator=generator, dtype=dtype) for _ in range(3))  # (B, H, tokens, D)
-    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, tokens, D): every token from scratch
+    if large:  # coordinate 0: 10 in every query, 10 sqrt(D) in every key, so every score lies near 100
+        q[..., 0], k[..., 0] = 10.0, 10.0 * math.sqrt(D)
+    full = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True).to(dtype)  # (B, H, tokens, D)
     cache_keys = torch.zeros(B, H, max_len, D, dtype=dtype)  # (B, H, max_len, D): nothing stored yet
     cache_values = torch.zeros(B, H, max_len, D, dtype=dtype)
     for start, end in steps:
@@ -651,6 +669,11 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed)
                 and torch.equal(cache_values[:, :, end:], before_values[:, :, end:])):
             raise Mismatch(f"{what}: you wrote beyond position {end - 1}: the slots after the stored tokens must stay "
                            "as they were.")
+        if large and not torch.isfinite(got).all():
+            raise Mismatch(f"{what}: your output holds NaN or inf. Every score here lies near 100, and exp(100) "
+                           "overflows float32 (its largest exponent is about 88.7): a softmax written by hand must "
+                           "subtract each row's maximum score before exponentiating (or use .softmax or "
+                           "F.scaled_dot_product_attention, which do).")
         if torch.isnan(got).any():
             raise Mismatch(f"{what}: your output holds NaN, which happens when a query has every key blocked. "
                            "ac.causal_mask is True where attending is *allowed*: did you use it the other way round?")
