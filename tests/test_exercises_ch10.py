@@ -109,6 +109,25 @@ def grouped_attention_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+def grouped_attention_sdpa_folded(q, k, v):
+    """Fourth review: F.scaled_dot_product_attention without enable_gqa, on the folded queries (no copy of k or v).
+    The statement forbids F.scaled_dot_product_attention altogether: the exercise asks for the attention itself."""
+    B, H, L, D = q.shape
+    G, S = k.size(1), k.size(2)
+    allowed = torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L).repeat(H // G, 1)  # (H/G * L, S)
+    return F.scaled_dot_product_attention(q.reshape(B, G, H // G * L, D), k, v, attn_mask=allowed).view(B, H, L, D)
+
+
+def grouped_attention_mask_over_folded_rows(q, k, v):
+    """Wrong (fourth review): the causal mask built over the folded rows, as if they were H/G * L positions."""
+    B, H, L, D = q.shape
+    G, S = k.size(1), k.size(2)
+    n = H // G
+    scores = q.reshape(B, G, n * L, D) @ k.transpose(-2, -1) / math.sqrt(D)  # (B, G, H/G * L, S)
+    allowed = torch.ones(n * L, S, dtype=torch.bool, device=q.device).tril(S - n * L)
+    return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).view(B, H, L, D)
+
+
 def grouped_attention_package(q, k, v):
     import attn_course as ac
     return ac.gqa.grouped_attention(q, k, v, _causal(q, k))[0]
@@ -407,6 +426,9 @@ def test_a_float64_rolling_read_gets_feedback_not_a_crash():
         (check_grouped_attention, lambda q, k, v: grouped_attention(q, k, v, mistake="naive softmax"), "inf or NaN"),
         (check_grouped_attention, grouped_attention_sdpa, "you called torch.nn.functional.scaled_dot_product_attention:"),
         (check_grouped_attention, grouped_attention_package, "you called attn_course"),
+        # fourth review: F.sdpa without enable_gqa (forbidden by the statement too), a mask over the folded rows
+        (check_grouped_attention, grouped_attention_sdpa_folded, "you called torch.nn.functional.scaled_dot_product_attention:"),
+        (check_grouped_attention, grouped_attention_mask_over_folded_rows, "every key blocked.*over the folded rows"),
         (check_grouped_attention, grouped_attention_repeat_interleave, "repeat_interleave.*without copying"),
         (check_grouped_attention, lambda q, k, v: grouped_attention_index(q, k.repeat(1, q.size(1) // k.size(1), 1, 1),
                                                                           v.repeat(1, q.size(1) // k.size(1), 1, 1),
