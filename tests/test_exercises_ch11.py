@@ -287,8 +287,42 @@ def scores_package(q_content, q_rope, w_uk, latents, rope_keys):
     return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
 
 
-def scores_float32(q_content, q_rope, w_uk, latents, rope_keys):  # loses float64's precision
+def scores_float32(q_content, q_rope, w_uk, latents, rope_keys):  # a float32 result of float64 inputs: the policy passes it
     return scores_right(q_content.float(), q_rope.float(), w_uk.float(), latents.float(), rope_keys.float())
+
+
+def scores_float16(q_content, q_rope, w_uk, latents, rope_keys):  # half precision of full-precision inputs
+    return scores_right(q_content.half().float(), q_rope.half().float(), w_uk.half().float(), latents.half().float(),
+                        rope_keys.half().float()).half()
+
+
+def scores_numpy_keys(q_content, q_rope, w_uk, latents, rope_keys):
+    """The fourth review's answer: every head's keys built in numpy, out of sight of the size and work watch (on a
+    GPU machine the CPU copy round trip runs, so only leaving torch can name it)."""
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    keys = np.einsum("hdc,bsc->bhsd", w_uk.detach().cpu().numpy().reshape(H, D, Dc), latents.detach().cpu().numpy())
+    content = np.einsum("bhld,bhsd->bhls", q_content.detach().cpu().numpy(), keys)
+    content = torch.from_numpy(content).to(dtype=q_content.dtype, device=q_content.device)
+    return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_numpy_implicit(q_content, q_rope, w_uk, latents, rope_keys):
+    """The same, handing the tensors to numpy directly (np.asarray goes through Tensor.__array__)."""
+    B, H, L, D = q_content.shape
+    keys = np.einsum("hdc,bsc->bhsd", np.asarray(w_uk).reshape(H, D, -1), np.asarray(latents))
+    content = torch.tensor(np.einsum("bhld,bhsd->bhls", np.asarray(q_content), keys), dtype=q_content.dtype)
+    return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_tolist_keys(q_content, q_rope, w_uk, latents, rope_keys):
+    """Keys built from Python lists."""
+    B, H, L, D = q_content.shape
+    rows, lat = w_uk.tolist(), latents.tolist()
+    keys = torch.tensor([[[[sum(r * c for r, c in zip(rows[h * D + d], lat[b][s])) for d in range(D)]
+                           for s in range(len(lat[b]))] for h in range(H)] for b in range(B)], dtype=q_content.dtype)
+    return (q_content @ keys.transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(
+        D + q_rope.size(-1))
 
 
 def scores_first_batch_only(q_content, q_rope, w_uk, latents, rope_keys):  # works for B = 1 only
@@ -383,6 +417,19 @@ def merge_in_place(w_uv, w_o, num_heads):
     return merge_right(w_uv.mul_(2.0), w_o, num_heads) / 2
 
 
+def merge_float32_buffer(w_uv, w_o, num_heads):  # the fourth review's: a float32 buffer filled block by block, right
+    D = w_uv.size(0) // num_heads
+    Dc = w_uv.size(1)
+    out = torch.zeros(w_o.size(0), num_heads * Dc, device=w_o.device)
+    for h in range(num_heads):
+        out[:, h * Dc:(h + 1) * Dc] = w_o[:, h * D:(h + 1) * D] @ w_uv[h * D:(h + 1) * D]
+    return out
+
+
+def merge_float16(w_uv, w_o, num_heads):  # half precision of full-precision weights
+    return merge_right(w_uv, w_o, num_heads).half()
+
+
 def merge_package(w_uv, w_o, num_heads):
     ac.MultiHeadLatentAttention(4, 1, 2, 2)
     return merge_right(w_uv, w_o, num_heads)
@@ -459,7 +506,11 @@ CASES = [
     (check_absorbed_scores, scores_softmaxed, "incorrect", "values differ"),
     (check_absorbed_scores, scores_in_place, "incorrect", "changed its input `q_content` in place"),
     (check_absorbed_scores, scores_package, "incorrect", "you called attn_course.MultiHeadLatentAttention"),
-    (check_absorbed_scores, scores_float32, "incorrect", "expected dtype torch.float64"),
+    (check_absorbed_scores, scores_float32, "correct", "no key is rebuilt"),
+    (check_absorbed_scores, scores_float16, "incorrect", "compute in the inputs' dtype"),
+    (check_absorbed_scores, scores_numpy_keys, "incorrect", "you called Tensor.numpy"),
+    (check_absorbed_scores, scores_numpy_implicit, "incorrect", "leaving torch for numpy"),
+    (check_absorbed_scores, scores_tolist_keys, "incorrect", "you called Tensor.tolist"),
     (check_absorbed_scores, scores_first_batch_only, "incorrect", "values differ"),
     (check_merged_output, merge_right, "correct", "That saves no work"),
     (check_merged_output, merge_einsum, "correct", "92.3M in all"),
@@ -476,6 +527,8 @@ CASES = [
     (check_merged_output, merge_cpu_buffer, "incorrect", "make new tensors on the inputs' device"),
     (check_merged_output, merge_in_place, "incorrect", "in place"),
     (check_merged_output, merge_package, "incorrect", "you called attn_course.MultiHeadLatentAttention"),
+    (check_merged_output, merge_float32_buffer, "correct", "That saves no work"),
+    (check_merged_output, merge_float16, "incorrect", "compute in the inputs' dtype"),
 ]
 
 

@@ -288,6 +288,10 @@ def decay_epsilon(gate, epsilon=1e-6):  # a "safety" epsilon inside the logarith
     return decay_logs(gate + epsilon)
 
 
+def decay_floored(gate, floor=0.03):  # the fourth review's: a floor on the gates "to keep the log finite"
+    return decay_logs(gate.clamp(min=floor))
+
+
 def decay_package(gate):
     L = gate.size(-1)
     shape = gate.shape[:-1]
@@ -417,6 +421,9 @@ WRONG = [
     (check_decay_matrix, decay_mask_by_multiplication, r"NaN above the diagonal only.*overflows to inf.*inf \* 0"),
     (check_decay_matrix, decay_epsilon, "the gates plus 1e-6"),
     (check_decay_matrix, _wrong(decay_epsilon, epsilon=1e-4), "the gates plus 1e-4"),
+    (check_decay_matrix, decay_floored, r"floored at 0\.03 \(as with gate\.clamp\(min=0\.03\)\)"),
+    (check_decay_matrix, _wrong(decay_floored, floor=1e-2), r"floored at 0\.01"),
+    (check_decay_matrix, _wrong(decay_floored, floor=1e-4), r"floored at 0\.0001"),
     # Exercise 3
     (check_decoding_memory, _wrong(memory, mistake="no values"), r"keys \*and\* values"),
     (check_decoding_memory, _wrong(memory, mistake="state grows"), "does not grow with the context"),

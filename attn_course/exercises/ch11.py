@@ -14,7 +14,12 @@ is caught.
 Exercise 2 asks for the absorbed form, which never builds a key per head and cached token: its check
 watches every tensor that the answer creates (a ``TorchDispatchMode`` around the call) and rejects an
 answer that makes one as large as the keys of one head for every cached token, or that does as many
-multiply-adds (matrix products and elementwise products alike) as rebuilding one head's keys.
+multiply-adds (matrix products and elementwise products alike) as rebuilding one head's keys. It also
+forbids leaving torch (``Tensor.numpy``, ``__array__``, ``tolist``): keys built in numpy or Python lists
+would hide from that watch, on a machine with a GPU as on one without.
+
+Results follow the course's dtype policy (``expect_close``): a float32 result of float64 inputs passes,
+half precision of float32 or float64 inputs does not; the statements ask for no particular dtype.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numbers
 import torch
 
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_number, expect_on_device,
-               expect_sequence, other_device, randn, rng)
+               expect_sequence, forbidden, other_device, randn, rng)
 from ._ch11_watch import _LargestTensor
 
 __all__ = ["check_cache_per_token", "check_absorbed_scores", "check_merged_output"]
@@ -160,7 +165,7 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
     what = (f"absorbed_scores(q_content {tuple(q_content.shape)}, q_rope {tuple(q_rope.shape)}, w_uk "
             f"{tuple(w_uk.shape)}, latents {tuple(latents.shape)}, rope_keys {tuple(rope_keys.shape)})")
     watcher = _LargestTensor()
-    with watcher if watch else contextlib.nullcontext():
+    with watcher if watch else contextlib.nullcontext(), _in_torch():
         got = call(absorbed_scores, q_content, q_rope, w_uk, latents, rope_keys)
     if watch and watcher.numel >= B * S * D:
         raise Mismatch(f"{what}: your function made a tensor of shape {watcher.shape}, {watcher.numel:,} numbers, as "
@@ -202,7 +207,18 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
         if torch.allclose(g, summed.expand_as(g), atol=1e-5, rtol=1e-4):
             raise Mismatch(f"{what}: every head got the same scores, the sum over heads: W_UK was applied to all the "
                            "heads' queries at once. Each head has its own block of W_UK and its own scores")
-    expect_close(got, expected, what=what, dtype=dtype)  # the scores keep the inputs' dtype
+    # The course's dtype policy: a float32 result of float64 inputs passes (with float32's tolerance); half
+    # precision of float32 or float64 inputs does not (expect_close names it). The statement asks for no dtype.
+    expect_close(got, expected, what=what)
+
+
+def _in_torch() -> forbidden:
+    """Exercise 2 asks for plain torch: keys built in numpy (or Python lists) would hide from the watch on the
+    tensors the answer makes and on its multiply-adds, on every machine."""
+    return forbidden(torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist,
+                     reason="this exercise asks for plain torch; leaving torch for numpy or Python lists (to build the "
+                            "keys there, say) hides the work from the check, which watches the tensors your function "
+                            "makes and its multiply-adds; keep every step in torch, on the inputs' device")
 
 
 @exercise(
@@ -300,7 +316,7 @@ def check_merged_output(merge_value_into_output) -> str:
             blocks = g.view(E, H, Dc)
             if torch.allclose(blocks.flip(1), expected.double().view(E, H, Dc), atol=1e-5, rtol=1e-4):
                 raise Mismatch(f"{what}: the heads' blocks are in reverse order: head 0's block comes first")
-        expect_close(got, expected, what=what, dtype=dtype)  # the weights' dtype
+        expect_close(got, expected, what=what)  # the dtype policy: float32 of float64 weights passes, half does not
         # The merged matrix must do the job: the same output as W_UV per head, then W_O.
         context_latent = randn(2, 3, H, Dc, generator=generator, dtype=dtype)  # (B, L, H, Dc)
         per_head = torch.einsum("blhc,hdc->blhd", context_latent, w_uv.view(H, D, Dc)).reshape(2, 3, H * D)

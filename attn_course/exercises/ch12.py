@@ -7,7 +7,8 @@ package forbidden by every route in exercises 1 and 2, inputs watched for change
 unlike the notebook's (one token, one head, ``D_k != D_v`` and ``D_k == D_v``, keys shorter and longer
 than 1), float32 and float64 (a result in the other full precision passes, half precision does
 not), one case on the notebook's GPU or on PyTorch's meta device (tensors made without ``device=``
-named), gates small enough that a product of them underflows even float64 and a long run of gates
+named), gates small enough that a product of them underflows even float64, gates of 1e-3, 1e-4 and
+1e-30 among larger ones (a floor on the gates, ``gate.clamp(min=0.03)``, named) and a long run of gates
 near 1 (a decay cut off after a few tokens named), exact zeros above the decay matrix's diagonal,
 and model sizes other than Qwen3-Next's in exercise 3 (numpy integers accepted).
 """
@@ -220,6 +221,22 @@ def _decay_mistakes(gate: torch.Tensor) -> dict:
     }
 
 
+def _floor_of(gate: torch.Tensor, got64: torch.Tensor, *, atol: float, rtol: float) -> float | None:
+    """The floor m when ``got64`` is the decay matrix of ``gate.clamp(min=m)`` with m above the smallest gate (read
+    off D[t, t-1] = gate[t] where the gate is smallest), else None."""
+    g = gate.detach().double()
+    if g.size(-1) < 2:
+        return None
+    gates = g[..., 1:].reshape(-1)  # gate[t] for t >= 1
+    below = got64.diagonal(offset=-1, dim1=-2, dim2=-1).reshape(-1)  # D[t, t-1], which should be gate[t]
+    smallest = int(gates.argmin())
+    floor = float(below[smallest])
+    if not (math.isfinite(floor) and floor > 2 * float(gates[smallest]) + atol):
+        return None
+    floored = _decay_reference(g.clamp(min=floor))
+    return floor if bool(torch.allclose(got64, floored, atol=atol, rtol=rtol)) else None
+
+
 @exercise(
     "Exercise 2, the decay matrix of gated linear attention",
     hint="unroll the recurrence: key j reaches query t multiplied by every gate after it, up to and including gate t "
@@ -236,10 +253,16 @@ def check_decay_matrix(decay_matrix) -> str:
         ((3, 1, 4), torch.float64, "gates of exactly 1 (no decay)"),
         ((1, 1, 256), torch.float32, "256 tokens with gates of about 0.05: their product underflows even float64"),
         ((1, 64), torch.float32, "64 tokens with gates in (0.95, 1): keys far back still count"),
+        ((2, 12), torch.float64, "gates of 1e-3, 1e-4 and 1e-30 among gates in (0.3, 1)"),
+        ((1, 3, 10), torch.float32, "gates of 1e-3, 1e-4 and 1e-30 among gates in (0.3, 1)"),
     ]
     for shape, dtype, note in cases:
         if "exactly 1" in note:
             gate = torch.ones(*shape, dtype=dtype)
+        elif "1e-30" in note:  # a gate may be as small as it likes: a floor on the gates (clamp(min=...)) is named
+            gate = 0.3 + 0.7 * torch.rand(*shape, generator=generator, dtype=torch.float64)
+            gate[..., 2], gate[..., 5], gate[..., 8] = 1e-3, 1e-4, 1e-30
+            gate = gate.to(dtype)
         elif "0.95" in note:
             gate = (0.95 + 0.05 * torch.rand(*shape, generator=generator, dtype=torch.float64)).to(dtype)
         elif "0.05" in note:
@@ -300,6 +323,12 @@ def check_decay_matrix(decay_matrix) -> str:
                                    "(0, 1], so their logarithm is finite without an epsilon, and one shifts every "
                                    "product (by more, the more gates it multiplies); take the log of the gates as "
                                    "they are") from None
+            floor = _floor_of(gate, got64, atol=atol, rtol=rtol)
+            if floor is not None:
+                raise Mismatch(f"{what}: your matrix is that of the gates floored at {floor:.3g} (as with "
+                               f"gate.clamp(min={floor:.3g})): the gates lie in (0, 1], and a gate of 1e-3 or 1e-30 is "
+                               "a real one (it erases nearly all the state before it); its logarithm is finite, so "
+                               "take the log of the gates as they are, without a floor") from None
             raise
     # The matrix does what it is for: ((Q K^T) * D) V equals the gated recurrence S_t = a_t S_{t-1} + k_t v_t^T.
     q, k, v = (torch.randn(1, 2, 7, n, generator=generator, dtype=torch.float64) for n in (3, 3, 4))
