@@ -410,6 +410,60 @@ def cross_softmax_in_float32(queries, memory, mha, key_padding_mask):  # the thi
     return mha.out_proj(merge_heads(weights @ v))
 
 
+def _scores_and_values(queries, memory, mha, key_padding_mask, fill=float("-inf")):
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(key_padding_mask[:, None, None, :], fill)
+    return s, v  # (B, H, L, S), (B, H, S, D)
+
+
+def cross_branch_cpu_zeros(queries, memory, mha, key_padding_mask):  # the fourth review: accepted until now
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    w = torch.softmax(s, -1)
+    if key_padding_mask.all(-1).any():  # a branch on a value: the meta device cannot run it
+        w = torch.where(torch.isnan(w), torch.zeros(w.shape, dtype=w.dtype), w)  # no device=
+    return mha.out_proj(merge_heads(w @ v))
+
+
+def cross_bool_loop_cpu_tensor(queries, memory, mha, key_padding_mask):  # the fourth review: accepted until now
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    keep = torch.tensor([0.0 if bool(row.all()) else 1.0 for row in key_padding_mask], dtype=s.dtype)  # no device=
+    return mha.out_proj(merge_heads(torch.nan_to_num(torch.softmax(s, -1)) * keep[:, None, None, None] @ v))
+
+
+def cross_branch_on_device(queries, memory, mha, key_padding_mask):  # right: the same branch, device= given
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    w = torch.softmax(s, -1)
+    if key_padding_mask.all(-1).any():
+        w = torch.where(torch.isnan(w), torch.zeros(w.shape, dtype=w.dtype, device=w.device), w)
+    return mha.out_proj(merge_heads(w @ v))
+
+
+def cross_bool_loop_moved(queries, memory, mha, key_padding_mask):  # right: the loop's tensor moved to the device
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    keep = torch.tensor([0.0 if bool(row.all()) else 1.0 for row in key_padding_mask], dtype=s.dtype).to(s.device)
+    return mha.out_proj(merge_heads(torch.nan_to_num(torch.softmax(s, -1)) * keep[:, None, None, None] @ v))
+
+
+def cross_branch_cpu_scalar(queries, memory, mha, key_padding_mask):  # right: a 0-dim CPU value, which CUDA accepts
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    w = torch.softmax(s, -1)
+    if bool(torch.isnan(w).any()):
+        w = torch.where(torch.isnan(w), torch.tensor(0.0, dtype=w.dtype), w)
+    return mha.out_proj(merge_heads(w @ v))
+
+
+def cross_finite_fill(fill):  # the fourth review: a finite fill, the empty rows zeroed; None: the dtype's smallest
+    def answer(queries, memory, mha, key_padding_mask):
+        smallest = torch.finfo(queries.dtype).min
+        s, v = _scores_and_values(queries, memory, mha, key_padding_mask, fill=smallest if fill is None else fill)
+        w = torch.softmax(s, -1).masked_fill(key_padding_mask.all(-1)[:, None, None, None], 0.0)
+        return mha.out_proj(merge_heads(w @ v))
+    answer.__name__ = f"cross_fill_{'finfo_min' if fill is None else format(fill, 'g')}"
+    return answer
+
+
 RIGHT = [
     (check_split_heads, split_heads),
     (check_split_heads, split_unflatten),
@@ -433,6 +487,14 @@ RIGHT = [
     # the course's dtype rule: a half-precision result of full-precision inputs is rejected, the converse passes
     # (the exercise's text says so)
     (check_cross_attention, cross_upcast),
+    # the fourth review: answers that branch on a value (the meta device cannot run them; the CPU case is watched
+    # instead), and a fill far below any real score (-1e4 is accepted: the statement asks for minus infinity, the
+    # check names fills that the scores can pass)
+    (check_cross_attention, cross_branch_on_device),
+    (check_cross_attention, cross_bool_loop_moved),
+    (check_cross_attention, cross_branch_cpu_scalar),
+    (check_cross_attention, cross_finite_fill(-1e4)),
+    (check_cross_attention, cross_finite_fill(None)),
 ]
 
 
@@ -573,6 +635,13 @@ WRONG = [
     (check_cross_attention, cross_cpu_fill, "made without device="),
     (check_cross_attention, cross_cpu_empty, "made without device="),
     (check_cross_attention, cross_renormalised, "underflow to 0"),
+    # the fourth review: a tensor made without device= behind a branch on a value (the meta device cannot run it:
+    # the watched CPU run names it), and a finite fill that real scores far below zero pass
+    (check_cross_attention, cross_branch_cpu_zeros, "made without device="),
+    (check_cross_attention, cross_branch_cpu_zeros, "`where`"),
+    (check_cross_attention, cross_bool_loop_cpu_tensor, "made without device="),
+    (check_cross_attention, cross_finite_fill(-100.0), "a finite fill such as -100 or -1e3 is not low enough"),
+    (check_cross_attention, cross_finite_fill(-1e3), "a finite fill such as -100 or -1e3 is not low enough"),
 ]
 
 
@@ -627,8 +696,19 @@ def test_the_case_on_another_device_compares_values_on_an_accelerator(monkeypatc
     monkeypatch.setattr(ch05, "other_device", lambda: torch.device("cpu"))
     assert check_cross_attention(cross_attention).status == "correct"
     def off_only_there(q, m, mha, kpm):  # right everywhere but in the case on the other device
-        there = (q.shape, m.size(1), q.dtype) == (torch.Size([2, 3, 8]), 5, torch.float32)
+        there = (q.shape, m.size(1), q.dtype) == (torch.Size([3, 3, 8]), 5, torch.float32)
         return cross_attention(q, m, mha, kpm) * (2 if there else 1)
 
     feedback = check_cross_attention(off_only_there)
     assert feedback.status == "incorrect" and "cpu device" in feedback.message, feedback.message
+
+
+def test_the_success_message_says_when_the_device_case_could_not_run():
+    # an answer that branches on a value cannot run on the meta device: the message must not say "keeps to the
+    # inputs' device" then; an answer that runs there keeps the notebook's message
+    from attn_course.exercises.ch05 import other_device
+    if other_device().type != "meta":
+        pytest.skip("an accelerator is present: the case runs there")
+    branching = str(check_cross_attention(cross_branch_on_device))
+    assert "keeps to the inputs' device" not in branching and "has not run on a GPU" in branching, branching
+    assert str(check_cross_attention(cross_attention)).rstrip().endswith("and it keeps to the inputs' device.")

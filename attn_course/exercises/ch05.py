@@ -13,8 +13,13 @@ forward included (``forbid=("sdpa",)``), and the package's private masked softma
 ``alignment._weights_and_context``, and tries left padding, a memory that is all padding (zero
 context, so ``out_proj``'s bias, never NaN), scores far above 88 (where a softmax without its max
 shift overflows, and a softmax over all keys renormalised after zeroing the padding underflows),
-float64 and float16 (where a fill of -1e9 overflows), and one case on :func:`other_device` (the
-machine's accelerator, else the meta device), where a tensor made without ``device=`` is named. By the
+real scores far below zero (about -1900 to -1700, where a finite fill such as -100 or -1e3 gives the
+padding all the weight; -1e4 and ``finfo(dtype).min`` pass), float64 and float16 (where a fill of -1e9
+overflows), and one case on :func:`other_device` (the machine's accelerator, else the meta device),
+where a tensor made without ``device=`` is named. An answer that branches on a tensor's value cannot run
+on the meta device: that case then runs on the CPU under :class:`_DeviceWatch`, which names a tensor of
+one or more dimensions made without ``device=`` that meets the inputs, and the success message says that
+the answer has not run on a GPU (instead of "it keeps to the inputs' device"). By the
 course's dtype rule a float32 result of float16 inputs passes (only a half-precision result of
 full-precision inputs is rejected), and so does a float32 result of float64 inputs; so Exercise 4 judges
 its float64 case at float32's tolerance whatever the result's dtype (a float64 answer that runs only its
@@ -28,6 +33,9 @@ import math
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..alignment import _weights_and_context
 from ..multihead import MultiHeadAttention
@@ -319,6 +327,38 @@ def _largest_score(mha, queries, memory) -> float:
         return float((q @ k.transpose(-2, -1) / math.sqrt(D)).max())
 
 
+_FAR_BELOW = "real scores far below any finite fill"
+
+
+def _real_score_range(mha, queries, memory, blocked) -> tuple[float, float]:
+    """The smallest and largest scaled score of the keys that are not padding, over every head."""
+    B, L, E = queries.shape
+    H, D = mha.num_heads, mha.head_dim
+    with torch.no_grad():
+        q = mha.q_proj(queries).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+        k = mha.k_proj(memory).view(B, -1, H, D).transpose(1, 2)  # (B, H, S, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, L, S)
+        real = scores[(~blocked)[:, None, None, :].expand_as(scores)]
+        return float(real.min()), float(real.max())
+
+
+def _far_below_cases():
+    """A padded batch whose real keys all score between about -1900 and -1700 (the key projection's bias is +30
+    and the query projection's -30 in every column, so every query points away from every key): a finite fill
+    above that (-100, -1e3) gives the padding all the weight. Its own generator, so the other cases keep their
+    numbers."""
+    generator = rng(57)
+    mha = _module(8, 2, generator)
+    with torch.no_grad():
+        mha.k_proj.bias.fill_(30.0)
+        mha.q_proj.bias.fill_(-30.0)
+    queries, memory = randn(2, 3, 8, generator=generator), randn(2, 6, 8, generator=generator)
+    mask = padding_mask_for([6, 3], 6, side="left", convention="blocked")
+    low, high = _real_score_range(mha, queries, memory, mask)
+    return (f"{_FAR_BELOW} (the real keys score {low:.0f} to {high:.0f}), B=2, L=3, S=6, E=8, 2 heads, left padding "
+            "(lengths [6, 3])"), mha, queries, memory, mask
+
+
 def _cross_cases(generator: torch.Generator):
     """(description, mha, queries, memory, key_padding_mask): unlike the notebook's (E = 12, 3 heads); a
     memory that is all padding, scores far above 88 (where exp overflows in float32), float64 and float16.
@@ -340,6 +380,7 @@ def _cross_cases(generator: torch.Generator):
     queries, memory = randn(2, 3, 16, generator=generator, scale=8.0), randn(2, 6, 16, generator=generator, scale=8.0)
     yield (f"large scores (up to {_largest_score(mha, queries, memory):.0f}), B=2, L=3, S=6, E=16, 2 heads, "
            "left padding (lengths [6, 4])"), mha, queries, memory, mask
+    yield _far_below_cases()
     mask = padding_mask_for([5, 2], 5, side="right", convention="blocked")
     for dtype in (torch.float64, torch.float16):
         mha = _module(8, 2, generator, dtype=dtype)
@@ -359,27 +400,87 @@ def _cross_expected(mha, queries, memory, key_padding_mask) -> torch.Tensor:
         return mha(queries, memory, memory, key_padding_mask=key_padding_mask)[0]
 
 
-def _check_elsewhere(cross_attention, generator: torch.Generator) -> None:
+# Ops that CUDA runs with a CPU tensor among CUDA ones (indices, copies, moves, shapes only): not mixing.
+_CROSS_DEVICE_OK = frozenset({"__getitem__", "__setitem__", "index_put", "index_put_", "copy_", "to", "type_as",
+                              "expand_as", "view_as", "reshape_as", "__get__", "size", "dim", "numel"})
+
+
+class _DeviceWatch(TorchFunctionMode):
+    """Where the meta device cannot run an answer (it branches on a tensor's value), the CPU case runs under this
+    watch: the inputs and the module's parameters are "on the device", and so is whatever is computed from them or
+    made with ``device=``; a tensor made without ``device=`` (``torch.zeros(shape)``, ``torch.tensor([...])``) is
+    not. The first op that mixes such a tensor of one or more dimensions with one on the device (which fails on
+    a GPU; a 0-dimensional one is allowed there) is recorded in :attr:`mixed`."""
+
+    def __init__(self, *on_device) -> None:
+        super().__init__()
+        self.placed = WeakIdKeyDictionary()
+        self.mixed: str | None = None
+        for value in on_device:
+            tensors = list(value.parameters()) + list(value.buffers()) if isinstance(value, nn.Module) else [value]
+            for tensor in tensors:
+                self.placed[tensor] = True
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", str(func))
+        if name in ("cpu", "numpy", "tolist", "item"):  # data leaves the device: no longer on it
+            return out
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        placed = any(x in self.placed for x in leaves)
+        loose = [x for x in leaves if x not in self.placed and x.dim() > 0]
+        if placed and loose and self.mixed is None and name not in _CROSS_DEVICE_OK:
+            self.mixed = name
+        if name == "__iter__" and placed:  # iterating over a tensor: its rows are on its device
+            out = list(out)
+            for row in out:
+                self.placed[row] = True
+            return iter(out)
+        if placed or kwargs.get("device") is not None or name in ("to", "type_as", "cuda"):
+            for tensor in tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    self.placed[tensor] = True
+        return out
+
+
+def _check_elsewhere(cross_attention, generator: torch.Generator) -> bool:
     """One case with the module, the inputs and the mask on :func:`other_device` (the accelerator, else the meta
     device, whose tensors have shapes but no values): a tensor made without ``device=`` (a mask or a fill built
     on the CPU) is named. On an accelerator the values are compared too; on meta an answer that needs values
-    (``bool(...)`` of a tensor) cannot be judged there, and the CPU cases judged it."""
+    (``bool(...)`` of a tensor) cannot run there: then the case runs on the CPU under :class:`_DeviceWatch`, which
+    names a tensor made without ``device=`` that meets the inputs. Returns False on that path (the device itself
+    was not tried), else True."""
     device = other_device()
     mha = _module(8, 2, generator)
-    queries, memory = randn(2, 3, 8, generator=generator), randn(2, 5, 8, generator=generator)
-    mask = padding_mask_for([5, 2], 5, side="right", convention="blocked")
+    queries, memory = randn(3, 3, 8, generator=generator), randn(3, 5, 8, generator=generator)
+    mask = padding_mask_for([5, 2, 0], 5, side="right", convention="blocked")
     what = (f"cross_attention(queries, memory, mha, key_padding_mask) with the inputs, the module and the mask on "
-            f"the {device.type} device, B=2, L=3, S=5, E=8, 2 heads, right padding (lengths [5, 2])")
+            f"the {device.type} device, B=3, L=3, S=5, E=8, 2 heads, right padding (lengths [5, 2, 0])")
     expected = _cross_expected(mha, queries, memory, mask)
+    here = (queries, memory, copy.deepcopy(mha), mask)  # CPU copies, for the watch below
     mha, queries, memory, mask = mha.to(device), queries.to(device), memory.to(device), mask.to(device)
     got = call_elsewhere(cross_attention, queries, memory, mha, mask, device=device, what=what,
                          made_by="torch.full, torch.zeros, torch.tensor ...")
     if got is None and device.type == "meta":
-        return
+        watch = _DeviceWatch(*here)
+        with watch:
+            call(cross_attention, *here)
+        if watch.mixed is not None:
+            raise Mismatch(
+                f"cross_attention(queries, memory, mha, key_padding_mask), B=3, L=3, S=5, E=8, 2 heads, right padding "
+                f"(lengths [5, 2, 0]): your code reads a tensor's value (an if or bool() on a tensor), so the meta "
+                f"device, which stands in for a GPU here and has no values, cannot run it. Run on the CPU instead, your "
+                f"code mixed a tensor made without device= (torch.zeros, torch.full, torch.tensor ...), which lives on "
+                f"the CPU whatever the inputs, with tensors computed from the inputs in `{watch.mixed}`: on a GPU that "
+                "fails. Make new tensors on the inputs' device (device= from an input, or zeros_like, new_zeros, "
+                "full_like)")
+        return False
     got = expect_on_device(got, device, what, dtype="float")
-    expect(tuple(got.shape) == (2, 3, 8), f"{what}: expected shape (2, 3, 8), got {tuple(got.shape)}")
+    expect(tuple(got.shape) == (3, 3, 8), f"{what}: expected shape (3, 3, 8), got {tuple(got.shape)}")
     if device.type != "meta":
         expect_close(got.detach().cpu(), expected, what=what)
+    return True
 
 
 @exercise(
@@ -460,6 +561,12 @@ def check_cross_attention(cross_attention) -> str:
                     wrong["your mask blocks the last keys of each sequence, as if it were padded on the right; this "
                           "batch is padded on the left: use key_padding_mask itself"] = \
                         _by_hand(mha, queries, memory, as_right)
+            if description.startswith(_FAR_BELOW):
+                wrong["the padding keys took the weight: the real keys' scores here lie far below your fill value, "
+                      "so a finite fill such as -100 or -1e3 is not low enough to block the padding (scores can be "
+                      "any number). Fill the padded keys' scores with float('-inf'), or with the smallest number of "
+                      "the scores' own dtype, which lie below every score"] = \
+                    _by_hand(mha, queries, memory, key_padding_mask, fill=-100.0)
             if H < E:
                 wrong[f"you divided the scores by sqrt(E) = {math.sqrt(E):.2f}; each head's dot product runs over its "
                       f"own width D = {E // H}, so divide by sqrt(D) = {math.sqrt(E // H):.2f}"] = \
@@ -489,7 +596,12 @@ def check_cross_attention(cross_attention) -> str:
         else:
             tolerances = {}
         expect_close(got, expected, what=what, **tolerances)
-    _check_elsewhere(cross_attention, generator)
-    return ("your cross-attention matches ac.MultiHeadAttention(queries, memory, memory, key_padding_mask=...) with "
-            "right and left padding, a memory that is all padding, large scores, float64 and float16, at every size "
-            "tried, and it keeps to the inputs' device.")
+    matches = ("your cross-attention matches ac.MultiHeadAttention(queries, memory, memory, key_padding_mask=...) "
+               "with right and left padding, a memory that is all padding, large scores, float64 and float16, at "
+               "every size tried")
+    if not _check_elsewhere(cross_attention, generator):
+        # The meta device could not run the answer: say what was checked instead, never "keeps to the device".
+        return (f"{matches}. Your code reads a tensor's value (an if or bool() on a tensor), so it could not run on "
+                "the meta device that stands in for a GPU here; on the CPU, no tensor it made without device= met "
+                "the inputs, but it has not run on a GPU.")
+    return f"{matches}, and it keeps to the inputs' device."
