@@ -1,8 +1,10 @@
 """The exercise checks of chapter 02: for each exercise, the right answer written two ways and a table
 of the wrong answers students plausibly write, each rejected with a message that names the mistake."""
 
+import math
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -749,9 +751,22 @@ def softmax_logaddexp_fold(s):  # (third review: accepted) logsumexp as a fold o
     return torch.exp(s - acc)
 
 
-def _shuffled_recompute_with(exponential):
+def _solve_by_hand(a, b):  # Gauss-Jordan elimination with partial pivoting: no library solver is called
+    a, b = a.double().clone(), b.double().clone()
+    n = a.size(0)
+    for i in range(n):
+        p = i + int(a[i:, i].abs().argmax())
+        a[[i, p]], b[[i, p]] = a[[p, i]], b[[p, i]]
+        a[i], b[i] = a[i] / a[i, i], b[i] / a[i, i]
+        for r in range(n):
+            if r != i:
+                a[r], b[r] = a[r] - a[r, i] * a[i], b[r] - a[r, i] * b[i]
+    return b
+
+
+def _shuffled_recompute_with(exponential, solve=_solve_by_hand):
     def shuffled_recompute_other_exp(context, weights, order):  # recompute x, then a softmax with another exponential
-        x = torch.linalg.solve(weights.double(), context.double()).float()
+        x = solve(weights.double(), context.double()).float()
         xs = x[torch.as_tensor(order, dtype=torch.long)]
         s = xs @ xs.T
         e = exponential(s - s.amax(-1, keepdim=True))
@@ -764,6 +779,36 @@ shuffled_recompute_exp2 = _shuffled_recompute_with(lambda s: torch.exp2(s * 1.44
 shuffled_recompute_pow = _shuffled_recompute_with(lambda s: torch.pow(torch.e, s))
 shuffled_recompute_rpow = _shuffled_recompute_with(lambda s: torch.e ** s)
 shuffled_recompute_expm1 = _shuffled_recompute_with(lambda s: torch.expm1(s) + 1)
+# (fourth review) Exponentials by other names, with x recovered by hand, and x recovered by a library solver.
+shuffled_recompute_sigmoid = _shuffled_recompute_with(lambda s: 1 / torch.sigmoid(-s) - 1)
+shuffled_recompute_expit = _shuffled_recompute_with(lambda s: 1 / torch.special.expit(-s) - 1)
+shuffled_recompute_tensor_sigmoid = _shuffled_recompute_with(lambda s: 1 / (-s).sigmoid() - 1)
+shuffled_recompute_softplus = _shuffled_recompute_with(lambda s: torch.nn.functional.softplus(s).expm1())
+shuffled_recompute_tanh = _shuffled_recompute_with(lambda s: (1 + torch.tanh(s / 2)) / (1 - torch.tanh(s / 2)))
+shuffled_recompute_cosh_sinh = _shuffled_recompute_with(lambda s: s.cosh() + s.sinh())
+shuffled_recompute_ldexp = _shuffled_recompute_with(lambda s: torch.ldexp(torch.ones_like(s), s / math.log(2)))
+shuffled_recompute_elu = _shuffled_recompute_with(lambda s: torch.nn.functional.elu(s) + 1)  # s <= 0 after the shift
+
+
+def _shuffled_review_case(context, weights, order):  # the fourth review's accepted answer: solve for x, exp via sigmoid
+    o = torch.as_tensor(order)
+    x = torch.linalg.solve(weights, context)
+    xs = x[o]
+    s = xs @ xs.T
+    s = s - s.amax(-1, keepdim=True)
+    e = 1 / torch.sigmoid(-s) - 1
+    w = e / e.sum(-1, keepdim=True)
+    return w @ xs, w
+
+
+_exp_by_hand = lambda s: 1 / torch.sigmoid(-s) - 1  # noqa: E731 (named after the solver in these cases)
+shuffled_recompute_inv = _shuffled_recompute_with(_exp_by_hand, lambda w, c: torch.linalg.inv(w) @ c)
+shuffled_recompute_tensor_inverse = _shuffled_recompute_with(_exp_by_hand, lambda w, c: w.inverse() @ c)
+shuffled_recompute_pinv = _shuffled_recompute_with(_exp_by_hand, lambda w, c: torch.linalg.pinv(w) @ c)
+shuffled_recompute_tensor_pinverse = _shuffled_recompute_with(_exp_by_hand, lambda w, c: w.pinverse() @ c)
+shuffled_recompute_lstsq = _shuffled_recompute_with(_exp_by_hand, lambda w, c: torch.linalg.lstsq(w, c).solution)
+shuffled_recompute_numpy_solve = _shuffled_recompute_with(
+    _exp_by_hand, lambda w, c: torch.from_numpy(np.linalg.solve(w.numpy(), c.numpy())))
 
 CASES = [
     # (check, answer, expected status, words the message must contain)
@@ -899,13 +944,29 @@ CASES = [
     (check_shuffled_attention, shuffled_T_written_in, "incorrect", "T=7"),
     (check_shuffled_attention, shuffled_package, "incorrect", "you called attn_course.simple_self_attention"),
     (check_shuffled_attention, shuffled_grid, "correct", "does not see word order"),
-    (check_shuffled_attention, shuffled_recompute, "incorrect", "you called torch.softmax: this exercise asks you to "
-                                                                "move the numbers you are given"),
+    (check_shuffled_attention, shuffled_recompute, "incorrect", "you called torch.linalg.linalg_solve: this exercise "
+                                                                "asks you to move the numbers you are given"),
     (check_shuffled_attention, shuffled_recompute_exp, "incorrect", "without computing attention again"),
     (check_shuffled_attention, shuffled_recompute_exp2, "incorrect", "you called torch.exp2"),
     (check_shuffled_attention, shuffled_recompute_pow, "incorrect", "you called torch.pow"),
     (check_shuffled_attention, shuffled_recompute_rpow, "incorrect", "without computing attention again"),
     (check_shuffled_attention, shuffled_recompute_expm1, "incorrect", "you called torch.expm1"),
+    # (fourth review) Recovering x with a library solver, and exponentials by other names.
+    (check_shuffled_attention, _shuffled_review_case, "incorrect", "solving context = weights @ x"),
+    (check_shuffled_attention, shuffled_recompute_inv, "incorrect", "you called torch.linalg.linalg_inv"),
+    (check_shuffled_attention, shuffled_recompute_tensor_inverse, "incorrect", "you called Tensor.inverse"),
+    (check_shuffled_attention, shuffled_recompute_pinv, "incorrect", "you called torch.linalg.linalg_pinv"),
+    (check_shuffled_attention, shuffled_recompute_tensor_pinverse, "incorrect", "you called Tensor.pinverse"),
+    (check_shuffled_attention, shuffled_recompute_lstsq, "incorrect", "you called torch.linalg.linalg_lstsq"),
+    (check_shuffled_attention, shuffled_recompute_numpy_solve, "incorrect", "you called numpy.linalg.solve"),
+    (check_shuffled_attention, shuffled_recompute_sigmoid, "incorrect", "you called torch.sigmoid"),
+    (check_shuffled_attention, shuffled_recompute_expit, "incorrect", "you called torch.special.expit"),
+    (check_shuffled_attention, shuffled_recompute_tensor_sigmoid, "incorrect", "you called Tensor.sigmoid"),
+    (check_shuffled_attention, shuffled_recompute_softplus, "incorrect", "you called torch.nn.functional.softplus"),
+    (check_shuffled_attention, shuffled_recompute_tanh, "incorrect", "you called torch.tanh"),
+    (check_shuffled_attention, shuffled_recompute_cosh_sinh, "incorrect", "an exponential by another name"),
+    (check_shuffled_attention, shuffled_recompute_ldexp, "incorrect", "you called torch.ldexp"),
+    (check_shuffled_attention, shuffled_recompute_elu, "incorrect", "an exponential by another name"),
 ]
 
 

@@ -87,6 +87,8 @@ def test_equivalent_right_answers_pass():
         (lambda T: causal_by_hand(T).T, "see the future"),
         (lambda T: causal_by_hand(T) & ~torch.eye(T, dtype=torch.bool), "diagonal is missing"),
         (lambda T: causal_by_hand(T).float(), "must return a bool tensor"),
+        # (fourth review) An int mask: the message says only a bool mask means allowed or blocked, not "a float mask".
+        (lambda T: causal_by_hand(T).int(), "Only a bool mask means allowed or blocked"),
         (lambda T: causal_by_hand(T)[:, :-1], "expected shape"),
         (lambda T: torch.ones(T, T, dtype=torch.bool), "nothing is masked"),
         (lambda T: torch.zeros(T, T, dtype=torch.bool), "should be"),
@@ -138,6 +140,8 @@ def test_masked_attention_wrong_answers(answer, text):
         (lambda lengths, T: batch_mask([n - 1 for n in lengths], T), "sequence 0"),
         # Padding blocked as keys and as queries: the same mask as queries only, behind the causal mask.
         (lambda lengths, T: batch_mask(lengths, T) & (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None])[:, :, None], "padding *queries*"),
+        # (fourth review) The message must not say the keys are left open: blocking both gives this same mask.
+        (lambda lengths, T: batch_mask(lengths, T) & (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None])[:, :, None], "alone or together with the padding keys"),
     ],
 )
 def test_batch_mask_wrong_answers(answer, text):
@@ -179,11 +183,12 @@ def _leak_test(*, start=None, compare=lambda out, t: out[:, : t + 1], tolerance=
 
 
 def leaks_one_token_at_a_time(model, x):
-    # A correct alternative: change one later token j at a time, compare every output before it.
+    # A correct alternative: change one later token j at a time (for a new random vector: adding 1.0 to every
+    # feature would leave a centred copy of the token unchanged), compare every output before it.
     base = model(x)
     for j in range(1, x.size(1)):
         changed = x.clone()
-        changed[:, j] = changed[:, j] + 1.0
+        changed[:, j] = torch.randn_like(changed[:, j])
         if not torch.equal(model(changed)[:, :j], base[:, :j]):
             return True
     return False
@@ -709,8 +714,48 @@ def _prefix_leak_test(model, x):
     return any(not torch.equal(model(x[:, : t + 1]), full[:, : t + 1]) for t in range(x.size(1) - 1))
 
 
-def test_leak_test_jacobian_passes_without_enable_grad():
-    feedback = check_leak_test(_jacobian_leak_test)
+def _gradient_of_sum_leak_test(model, x):
+    # Wrong: the gradient of the summed earlier outputs; a leak whose gradient sums to zero over the features
+    # (a centred copy of a later token) gives exactly 0 (the fourth review).
+    for t in range(x.size(1) - 1):
+        xx = x.detach().clone().requires_grad_()
+        model(xx)[:, : t + 1].sum().backward()
+        if bool((xx.grad[:, t + 1:] != 0).any()):
+            return True
+    return False
+
+
+def _full_jacobian_leak_test(model, x):
+    # Wrong: torch.autograd.functional.jacobian, then any nonzero block d output_i / d x_j, j > i (the fourth review).
+    J = torch.autograd.functional.jacobian(model, x)  # (B, T, E, B, T, E)
+    return any(bool(J[:, i, :, :, i + 1:, :].abs().sum() > 0) for i in range(x.size(1)))
+
+
+def _jacrev_leak_test(model, x):
+    J = torch.func.jacrev(model)(x)  # (B, T, E, B, T, E)
+    return any(bool(J[:, i, :, :, i + 1:, :].abs().sum() > 0) for i in range(x.size(1)))
+
+
+# Gradient routes (the fourth review): a gradient sees only differentiable dependence, and a gradient of a sum can
+# cancel out. The check's models include a centred leak and a leak through a path without gradient.
+@pytest.mark.parametrize(
+    "answer, text",
+    [
+        (_gradient_of_sum_leak_test, "gradient sums to zero over the features"),
+        (_jacobian_leak_test, "path without gradient"),
+        (_full_jacobian_leak_test, "path without gradient"),
+        (_jacrev_leak_test, "path without gradient"),
+    ],
+)
+def test_leak_test_gradient_routes_are_named(answer, text):
+    feedback = check_leak_test(answer)
+    assert feedback.status == "incorrect" and text in feedback.message, str(feedback)
+    assert "A gradient shows only differentiable dependence" in feedback.message, str(feedback)
+
+
+def test_leak_test_gradients_next_to_a_perturbation_pass():
+    # Reading gradients is not wrong in itself: a test that also changes the tokens and compares exactly passes.
+    feedback = check_leak_test(lambda model, x: _jacobian_leak_test(model, x) or leaks_one_token_at_a_time(model, x))
     assert feedback.status == "correct", str(feedback)
 
 
@@ -739,8 +784,15 @@ def test_leak_test_other_right_answers_pass():
             return False
         return leaks_future
 
-    for transform in (lambda z: -z, lambda z: torch.zeros_like(z), lambda z: 2 * z, lambda z: z + 0.1):
+    for transform in (lambda z: -z, lambda z: torch.zeros_like(z), lambda z: 2 * z, lambda z: 1 - z,
+                      lambda z: torch.randn_like(z) + 0.1):
         assert check_leak_test(changed_by(transform)).status == "correct"
+
+    # Wrong (fourth round): adding the same number to every feature leaves a centred copy of a token (a token minus
+    # its mean over the features, as a LayerNorm-like step makes) exactly as it was, so such a leak goes unseen.
+    for shift in (0.1, 1.0, 0.06):
+        feedback = check_leak_test(changed_by(lambda z: z + shift))
+        assert feedback.status == "incorrect" and "same number to every feature" in feedback.message, str(feedback)
 
 
 def test_leak_check_has_a_leak_below_every_tolerance():

@@ -6,8 +6,9 @@ tests/test_exercises_ch02.py. They use the shared mechanism of ``attn_course.exe
 softmaxes forbidden by every route in exercise 1 (``forbid=("softmax",)``, the routes that hide a
 softmax inside: torch's attention, ``cross_entropy``, and ``logsumexp``, which subtracts the maximum
 for the student, also reached through ``logcumsumexp`` or ``logaddexp``), the package's and torch's
-attention in exercise 2, a softmax or an exponential (``exp``, ``exp2``, ``expm1``, a power) in
-exercise 5, which moves numbers instead of computing them again; inputs watched for changes in place,
+attention in exercise 2, a softmax, an exponential (``exp``, ``exp2``, ``expm1``, a power, or by another
+name: ``sigmoid``, ``softplus``, ``tanh`` ...) or a linear solve that recovers x (``linalg.solve``, ``inv``,
+``pinv``, ``lstsq`` ...) in exercise 5, which moves numbers instead of computing them again; inputs watched for changes in place,
 sizes unlike the notebook's (``other_sizes``) and scores near +-100 in float32 (``large_scores``); in
 exercise 1, a row whose maximum is neither its first nor its last score and a row that is only very
 negative; in exercise 2, a Python loop over the batch (the number of torch calls must not grow with
@@ -597,11 +598,31 @@ def _shuffled(x: torch.Tensor, order: torch.Tensor):
     return simple_self_attention(x[order])
 
 
+# Exponentials under other names: exp(s) = 1 / sigmoid(-s) - 1 = exp(softplus(s)) - 1 = (1 + tanh(s/2)) / (1 - tanh(s/2))
+# = cosh(s) + sinh(s) = elu(s) + 1 (s <= 0) = ldexp(1, s / ln 2) ...
+_EXPONENTIALS = (torch.exp, torch.exp2, torch.expm1, torch.pow, torch.float_power, torch.Tensor.__rpow__, torch.ldexp,
+                 torch.sigmoid, torch.special.expit, torch.nn.functional.softplus, torch.nn.functional.logsigmoid,
+                 torch.nn.functional.silu, torch.nn.functional.elu, torch.nn.functional.celu, torch.nn.functional.selu,
+                 torch.tanh, torch.sinh, torch.cosh)
+# Routes that recover x from context = weights @ x (then attention could be computed again from x).
+_SOLVERS = (torch.linalg.solve, torch.linalg.solve_ex, torch.linalg.inv, torch.linalg.inv_ex, torch.inverse,
+            torch.linalg.pinv, torch.pinverse, torch.linalg.lstsq, torch.linalg.tensorsolve, torch.linalg.tensorinv,
+            torch.linalg.solve_triangular, torch.triangular_solve, torch.cholesky_solve, torch.linalg.lu_solve,
+            torch.lu_solve, torch.linalg.lu_factor, torch.linalg.lu, torch.linalg.qr, torch.linalg.svd, torch.svd,
+            torch.linalg.cholesky, torch.cholesky_inverse)
+
+
 def _moved(shuffled_attention, context, weights, order, *, what: str) -> tuple:
-    """The student's (context, weights), with no softmax or exp allowed: the exercise moves numbers."""
-    with forbidden("softmax", torch.exp, torch.exp2, torch.expm1, torch.pow, torch.float_power, torch.Tensor.__rpow__,
+    """The student's (context, weights), with no softmax, exponential or linear solve allowed: the exercise
+    moves numbers."""
+    with forbidden(*_SOLVERS, np.linalg.solve, np.linalg.inv, np.linalg.pinv, np.linalg.lstsq, np.linalg.tensorsolve,
+                   np.linalg.tensorinv,
                    reason="this exercise asks you to move the numbers you are given, without computing attention "
-                          "again"):
+                          "again: recovering x by solving context = weights @ x (an inverse, a pseudo-inverse, a "
+                          "least-squares fit or a factorisation) is the first step of computing it again"), \
+            forbidden("softmax", *_EXPONENTIALS,
+                      reason="this exercise asks you to move the numbers you are given, without computing attention "
+                             "again (an exponential by another name is still an exponential)"):
         return _pair(call(shuffled_attention, context, weights, order), what)
 
 

@@ -35,8 +35,8 @@ def _show(mask: torch.Tensor) -> str:
 def _bool_mask(got, what: str, shape) -> torch.Tensor:
     got = expect_tensor(got, what=what, shape=shape)
     if got.dtype != torch.bool:
-        raise Mismatch(f"{what} must return a bool tensor (True = may attend), got dtype {got.dtype}. A float mask means "
-                       "something else: it is *added* to the scores, so 1.0 and 0.0 would block nothing")
+        raise Mismatch(f"{what} must return a bool tensor (True = may attend), got dtype {got.dtype}. Only a bool mask "
+                       "means allowed or blocked: a float mask is *added* to the scores, so 1.0 and 0.0 would block nothing")
     return got.cpu()
 
 
@@ -309,7 +309,8 @@ def check_batch_mask(batch_mask) -> str:
         causal = causal_mask(T)
         wrong_axis = causal & padding[:, :, None]  # padding applied to the queries instead of the keys
         expect(not torch.equal(got, wrong_axis), f"{what}: your padding mask blocks the padding *queries* (their rows are all "
-               "False) instead of the padding *keys* (columns). Behind the causal mask this hides the mistake for real tokens "
+               "False), alone or together with the padding keys: behind the causal mask the two give this same mask. A "
+               "padding mask must block the padding *keys* (columns) only. Behind the causal mask this hides the mistake for real tokens "
                "(they never see later padding anyway), but every padding query now has nothing to attend to: NaN in a naive "
                "softmax (section 7), and the same mask without the causal part would let real tokens read padding. "
                "A padding mask blocks keys: give it a query axis of length one, (B, 1, T)")
@@ -371,9 +372,11 @@ def _attention_models():
         allowed[T - 2, T - 1] = True
         return attention(x, attn_mask=allowed)[0]
 
-    def second_sequence_peeks(x):  # causal for sequence 0; in sequence 1, output 2 peeks at token 5
+    def second_sequence_peeks(x):
+        # Causal for sequence 0; in sequence 1, output 2 takes in token 5 minus its mean over the features (as a
+        # LayerNorm-like step would): the gradient of any sum of the outputs over the features is 0 there.
         out = attention(x, is_causal=True)[0].clone()
-        out[1:, 2] = out[1:, 2] + 1e-3 * x[1:, 5]
+        out[1:, 2] = out[1:, 2] + 1e-3 * (x[1:, 5] - x[1:, 5].mean(-1, keepdim=True))
         return out
 
     def first_sees_second(x):  # causal, except that output 0 also sees token 1: the only leak is at t = 0
@@ -382,9 +385,12 @@ def _attention_models():
         allowed[0, 1] = True
         return attention(x, attn_mask=allowed)[0]
 
-    def first_sequence_peeks(x):  # causal for every sequence but the first; in sequence 0, output 2 peeks at token 5
+    def first_sequence_peeks(x):
+        # Causal for every sequence but the first; in sequence 0, output 2 takes in token 5 through a path without
+        # gradient (a value taken with .detach(), as a statistic computed under no_grad would be): every gradient,
+        # and the whole Jacobian, is 0 there.
         out = attention(x, is_causal=True)[0].clone()
-        out[:1, 2] = out[:1, 2] + 1e-3 * x[:1, 5]
+        out[:1, 2] = out[:1, 2] + 1e-3 * x[:1, 5].detach()
         return out
 
     def only_itself(x):
@@ -416,13 +422,15 @@ def _attention_models():
          f"output 0 never moves in this model: {every_position}, and exactly"),
         ("attention in which the next-to-last output also sees the last token", last_leaks, True,
          f"only the last token leaks, and only into output T - 2: {every_position}"),
-        ("causal attention in which output 2 of the second sequence peeks at token 5 (by 0.001)", second_sequence_peeks, True,
+        ("causal attention in which output 2 of the second sequence peeks at token 5 (by 0.001, through token 5 minus its "
+         "mean over the features)", second_sequence_peeks, True,
          "the leak is in the second sequence of the batch only: compare every sequence's earlier outputs, not the first "
          "sequence's"),
         ("attention in which output 0 also sees token 1 (and nothing else leaks)", first_sees_second, True,
          "the only leak is from token 1 into output 0: does your loop skip t = 0? Start at t = 0: change the tokens "
          "after 0 and compare output 0"),
-        ("causal attention in which output 2 of the first sequence peeks at token 5 (by 0.001)", first_sequence_peeks, True,
+        ("causal attention in which output 2 of the first sequence peeks at token 5 (by 0.001, through a path without "
+         "gradient)", first_sequence_peeks, True,
          "the leak is in the first sequence of the batch only: compare every sequence's earlier outputs, not only the last "
          "one's (a flag set in a loop over the sequences must not be overwritten by the next sequence: combine them with "
          "or, or compare the whole batch at once)"),
@@ -442,13 +450,23 @@ def _as_bool(answer):
     return answer
 
 
-def _watched(model, lengths: list, x: torch.Tensor, changes: list):
-    """``model``, noting the length of every input it is given (a leak test that runs shorter inputs) and, for
-    inputs of ``x``'s shape, how far they are from ``x`` (a leak test whose changes are too small to see)."""
+def _watched(model, lengths: list, x: torch.Tensor, changes: list, gradients: list | None = None,
+             shifts: list | None = None):
+    """``model``, noting the length of every input it is given (a leak test that runs shorter inputs), for
+    inputs of ``x``'s shape how far they are from ``x`` (a leak test whose changes are too small to see) and
+    whether a changed one differs from ``x`` by the same number in every feature of each token (a shift, which
+    a centred copy of a token does not see), and whether an input tracks gradients (a leak test built on
+    gradients or a Jacobian)."""
     def run(inputs):
         lengths.append(int(inputs.size(-2)) if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else -1)
+        if gradients is not None and isinstance(inputs, torch.Tensor) and inputs.requires_grad:
+            gradients.append(True)
         if isinstance(inputs, torch.Tensor) and inputs.shape == x.shape and inputs.is_floating_point():
-            changes.append(float((inputs.detach().cpu().double() - x.double()).abs().max()))
+            change = inputs.detach().cpu().double() - x.double()  # (B, T, E)
+            changes.append(float(change.abs().max()))
+            if shifts is not None and changes[-1] > 0:
+                spread = float((change - change.mean(-1, keepdim=True)).abs().max())  # 0 up to float32's rounding for a shift
+                shifts.append(spread <= 1e-3 * changes[-1])
         return model(inputs)
     return run
 
@@ -462,9 +480,20 @@ def _watched(model, lengths: list, x: torch.Tensor, changes: list):
 def check_leak_test(leaks_future) -> str:
     E, models = _attention_models()
     x = randn(2, 7, E, generator=rng(43))
+    # A test that reads gradients sees only differentiable dependence, and a gradient of a sum can cancel out:
+    # two leaky models are built so that such a test misses their leak.
+    through_gradients = {
+        "second_sequence_peeks": "the leak is token 5 minus its mean over the features (as a LayerNorm-like step "
+                                 "makes), whose gradient sums to zero over the features: the gradient of a sum of "
+                                 "outputs is exactly 0 there although output 2 moves",
+        "first_sequence_peeks": "the leak goes through a path without gradient (a value taken with .detach(), as a "
+                                "statistic computed under no_grad would be; a count of tokens or a rounding would do "
+                                "the same): every gradient, and the whole Jacobian, is 0 there although output 2 moves",
+    }
     for name, model, leaks, how_to_catch in models:
-        lengths, changes = [], []
-        answer = _as_bool(call(leaks_future, _watched(model, lengths, x, changes), x))  # gradients on: a Jacobian test may use them
+        lengths, changes, gradients, shifts = [], [], [], []
+        # Gradients stay on, so that a test built on them runs, and is named below where it misses a leak.
+        answer = _as_bool(call(leaks_future, _watched(model, lengths, x, changes, gradients, shifts), x))
         expect(isinstance(answer, bool), f"leaks_future must return True or False; for the {name} it returned "
                f"{type(answer).__name__} {answer!r}")
         if any(0 <= n < x.size(-2) for n in lengths):
@@ -482,6 +511,16 @@ def check_leak_test(leaks_future) -> str:
                            f"changes to the tokens are tiny (at most {max(changes):.0e}): a leak in proportion to the change "
                            "then hides below float32's rounding. Change the later tokens for new ones (new random vectors, "
                            "say), and compare exactly.")
+        if leaks and not answer and shifts and all(shifts) and model.__name__ == "second_sequence_peeks":
+            raise Mismatch(f"for the {name} you returned False, but later tokens do change earlier outputs there. Your "
+                           "changes add the same number to every feature of a token, and this leak is a token minus its "
+                           "mean over the features (as a LayerNorm-like step makes), which such a shift leaves exactly as "
+                           "it was. Change the later tokens for new ones (new random vectors, say), and compare exactly.")
+        if leaks and not answer and gradients and model.__name__ in through_gradients:
+            raise Mismatch(f"for the {name} you returned False, but later tokens do change earlier outputs there. Your "
+                           f"test reads gradients, and {through_gradients[model.__name__]}. A gradient shows only "
+                           "differentiable dependence, so it can miss a leak: change the later tokens (in a copy) and "
+                           "compare the outputs exactly.")
         if leaks:
             expect(answer, f"for the {name} you returned False, but later tokens do change earlier outputs there: {how_to_catch}.")
         else:
