@@ -855,6 +855,50 @@ def test_call_elsewhere_names_tensors_made_on_the_cpu():
     assert ex.other_device().type in ("meta", "cuda", "mps")
 
 
+def test_call_elsewhere_watches_on_the_cpu_what_the_meta_device_cannot_run():
+    # An answer that reads a value cannot run on meta; with cpu_args it runs on the CPU under a DeviceWatch,
+    # which names a tensor made without device= that meets the inputs, and a result left on the CPU.
+    meta, x = torch.device("meta"), torch.randn(2, 3)
+    what = "f(x) on the meta device"
+
+    def elsewhere(fn, **options):
+        return ex.call_elsewhere(fn, x.to(meta), device=meta, what=what, cpu_args=(x,), **options)
+
+    assert elsewhere(lambda t: t * t.sum().item()) is None  # reads a value, keeps to the device: not named
+    assert elsewhere(lambda t: torch.full((2, 3), float(t.max()), device=t.device)) is None
+    assert elsewhere(lambda t: torch.tensor(t.tolist()).to(t.device), copy_out_is_a_mistake=False) is None
+    assert elsewhere(lambda t: t[t > 0].sum() * torch.ones_like(t)) is None
+    with pytest.raises(ex.Mismatch, match="mixed a tensor made without device="):
+        elsewhere(lambda t: t + torch.zeros(2, 3) if t.sum() > -1e9 else t)  # a branch hides the CPU tensor
+    with pytest.raises(ex.Mismatch, match="your result is made without device="):
+        elsewhere(lambda t: torch.full((2, 3), float(t.max())))
+    with pytest.raises(ex.Mismatch, match="your result is made without device="):
+        elsewhere(lambda t: torch.tensor(t.tolist()), copy_out_is_a_mistake=False)  # never moved back
+    with pytest.raises(ex.Mismatch, match="your result is made without device="):
+        elsewhere(lambda t: (t * 2, torch.zeros(3)) if bool(t.any()) else None)  # one of two results
+
+
+def test_call_elsewhere_names_a_value_read_where_the_statement_forbids_it():
+    meta, x = torch.device("meta"), torch.randn(2, 3)
+    for fn in (lambda t: t * float(t.max()), lambda t: t * t.max().item(), lambda t: t if bool(t.any()) else -t,
+               lambda t: torch.stack([t[i] * 2 for i in range(int(t.new_ones(()).sum()) + 1)])):
+        with pytest.raises(ex.Mismatch, match="brings a value from the device to the host"):
+            ex.call_elsewhere(fn, x.to(meta), device=meta, what="f", cpu_args=(x,), reading_values_is_a_mistake=True)
+        with pytest.raises(ex.Mismatch, match="brings a value from the device to the host"):  # no CPU copy given
+            ex.call_elsewhere(fn, x.to(meta), device=meta, what="f", reading_values_is_a_mistake=True)
+    got = ex.call_elsewhere(lambda t: t * t.amax(), x.to(meta), device=meta, what="f", cpu_args=(x,),
+                            reading_values_is_a_mistake=True)
+    assert got.device.type == "meta"
+    # The watch itself, as a GPU run uses it: a read of a value on the device is recorded, other work is not.
+    from attn_course.exercises._device import DeviceWatch
+    with DeviceWatch(x) as watch:
+        y = x * 2 + torch.zeros((), dtype=x.dtype)
+    assert watch.read is None and watch.mixed is None and watch.off_device(y) == 0
+    with DeviceWatch(x) as watch:
+        y = x * float(x.sum())
+    assert watch.read == "__float__" and watch.off_device(y) == 0
+
+
 def test_expect_close_shows_the_digits_where_two_numbers_differ():
     with pytest.raises(ex.Mismatch, match=r"expected 2\.0000, got 3\.0000"):
         ex.expect_close(torch.tensor([3.0]), torch.tensor([2.0]), what="x")

@@ -101,7 +101,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..utils import get_device
-from . import _core, _guards, _inputs
+from . import _core, _device, _guards, _inputs
 from ._cases import Sizes, large_scores, other_sizes, padding_cases, padding_mask_for, randn, rng
 from ._core import ACTIVE_CHECK, ExerciseInfo, Feedback, Mismatch, NotAttempted, _StudentCodeFailed, is_graded, set_graded
 from ._guards import FAMILIES, forbidden
@@ -237,14 +237,22 @@ _NEW_TENSORS = "torch.zeros, torch.full, torch.tensor, torch.arange ..."
 
 
 def call_elsewhere(fn: Callable, *args, device: torch.device, what: str, made_by: str = _NEW_TENSORS,
-                   copy_out_is_a_mistake: bool = True) -> Any:
+                   copy_out_is_a_mistake: bool = True, reading_values_is_a_mistake: bool = False,
+                   cpu_args: tuple | None = None) -> Any:
     """:func:`call` with ``args`` already on ``device`` (from :func:`other_device`). Returns the result, or
     None where the meta device cannot judge the answer (it needed values: ``.item()``, an ``if`` on a tensor;
     the CPU cases judged it). An answer that made a tensor on the CPU, or moved data to numpy, raises
     :class:`Mismatch` saying so; ``made_by`` lists the constructors the message names. On the meta device,
     data copied out of an input ("Cannot copy out of meta tensor": ``.cpu()``, ``.tolist()``) is named as a
     move to the CPU unless ``copy_out_is_a_mistake=False`` (where the exercise's right answers may copy
-    out and back: then the answer is not judged there)."""
+    out and back: then the answer is not judged there).
+
+    ``cpu_args``: the same arguments on the CPU. Where the meta device cannot run the answer, it then runs
+    on them under a :class:`~attn_course.exercises._device.DeviceWatch`, which names a tensor made without
+    ``device=`` that meets the inputs, and a result left on the CPU (returns None: the values were compared
+    by the CPU cases). ``reading_values_is_a_mistake=True`` (an exercise whose statement forbids bringing
+    values to the host: ``.item()``, ``float(t)``, ``.tolist()``, an ``if`` on a tensor) names such a read
+    on every device, the GPU's included, where it would run."""
     @functools.wraps(fn)
     def answer(*a, **k):
         try:
@@ -254,9 +262,22 @@ def call_elsewhere(fn: Callable, *args, device: torch.device, what: str, made_by
                 raise _NoData(str(error)) from None
             raise
 
+    def name_read(read: str) -> None:
+        shown = {"__bool__": "an if or bool() on a tensor", "__float__": "float() of a tensor",
+                 "__int__": "int() of a tensor", "__index__": "a tensor used as a Python int"}.get(read, f".{read}()")
+        raise Mismatch(f"{what}: your code brings a value from the device to the host ({shown}): this exercise "
+                       "asks for tensor operations only, which stay on the inputs' device (on a GPU each such "
+                       "read waits for the device and copies to the CPU)")
+
     if device.type == "meta":  # a module's meta parameters cannot be compared: the CPU cases watched for changes
         args = tuple(mutable(a) if isinstance(a, torch.nn.Module) else a for a in args)
     try:
+        if reading_values_is_a_mistake and device.type != "meta":  # a GPU runs the read: watch for it
+            with _device.DeviceWatch(*args) as watch:
+                result = call(answer, *args)
+            if watch.read is not None:
+                name_read(watch.read)
+            return result
         return call(answer, *args)
     except _StudentCodeFailed as failed:
         error, text = failed.error, str(failed.error)
@@ -275,9 +296,31 @@ def call_elsewhere(fn: Callable, *args, device: torch.device, what: str, made_by
                            f"tensors: a tensor made without device= ({made_by}) lives on the CPU, whatever the "
                            "inputs: make new tensors on the inputs' device (device= from an input, or zeros_like, "
                            "new_zeros, full_like)") from None
-        if device.type == "meta":
-            return None
-        raise
+        if device.type != "meta":
+            raise
+        value_read = "item() cannot be called on meta tensors" in text  # .item(), float(), int(), bool() of a tensor
+    # The meta device could not run the answer: it needed values.
+    if cpu_args is not None:
+        with _device.DeviceWatch(*cpu_args) as watch:
+            result = call(fn, *cpu_args)
+        if reading_values_is_a_mistake and watch.read is not None:
+            name_read(watch.read)
+        if watch.mixed is not None:
+            raise Mismatch(f"{what}: your code reads a tensor's value, so the meta device (which stands for a GPU "
+                           "here and has no values) cannot run it. Run on the CPU instead, your code mixed a tensor "
+                           f"made without device= ({made_by}), which lives on the CPU whatever the inputs, with "
+                           f"tensors computed from the inputs in `{watch.mixed}`: on a GPU that fails. Make new "
+                           "tensors on the inputs' device (device= from an input, or zeros_like, new_zeros, full_like)")
+        if watch.off_device(result):
+            raise Mismatch(f"{what}: your code reads a tensor's value, so the meta device (which stands for a GPU "
+                           "here and has no values) cannot run it. Run on the CPU instead, your result is made "
+                           f"without device= ({made_by}, or data brought to the host with .tolist(), .numpy(), "
+                           ".item()): on a GPU it would be on the CPU, not on the inputs' device. Make it on the "
+                           "inputs' device (device= from an input, or zeros_like, new_zeros, full_like), or move it "
+                           "back with .to(input.device)")
+    elif reading_values_is_a_mistake and value_read:
+        name_read("item")
+    return None
 
 
 def expect_on_device(got: Any, device: torch.device, what: str, dtype: Any = None) -> torch.Tensor:
