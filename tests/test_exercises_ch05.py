@@ -600,6 +600,12 @@ WRONG = [
     (check_count_parameters, lambda e, h, b, dk: 4 * e * e + (4 * e if b else 0), "left qk_head_dim out"),
     (check_count_parameters, lambda e, h, b, dk: "many", "return an integer, got str"),
     (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk) / 1, "return an integer, got float"),
+    # the fifth review: a default head width rounded the wrong way, round(E / H + 0.5), which is E / H when that is
+    # even (Python rounds halves to even) and one more when it is odd; every default width tried was even
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk if dk is not None else round(e / h + 0.5)),
+     "default head width E // num_heads = 3; your count fits a width of 4"),
+    (check_count_parameters, lambda e, h, b, dk: count_parameters(e, h, b, dk if dk is not None else e // h - 1),
+     "default head width E // num_heads = 64; your count fits a width of 63"),
     # Exercise 4: mha's own forward, torch's attention (the review: calling mha was accepted), the mask,
     # the scale, the padding side, the mask changed in place, a pair returned
     (check_cross_attention, cross_calls_mha, "you called attn_course.MultiHeadAttention"),

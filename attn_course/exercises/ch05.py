@@ -246,7 +246,7 @@ def _count(E: int, H: int, bias: bool, qk: int, v: int, out: int) -> int:
 def check_count_parameters(count_parameters) -> str:
     cases = [(768, 12, True, None), (768, 12, False, None), (512, 8, False, 16), (512, 8, True, 32),
              (64, 1, True, None), (64, 16, False, None), (32, 4, True, 2), (12, 3, True, 8), (6, 3, True, None),
-             (24, 6, False, 1), (10, 5, True, 3)]
+             (24, 6, False, 1), (10, 5, True, 3), (15, 5, True, None)]   # the last: an odd default head width, 3
     for E, H, bias, qk_head_dim in cases:
         call_text = f"count_parameters(embed_dim={E}, num_heads={H}, bias={bias}, qk_head_dim={qk_head_dim})"
         with forbidden(*_LAYERS, reason="the exercise asks for a formula: count the weights and biases without building "
@@ -256,6 +256,9 @@ def check_count_parameters(count_parameters) -> str:
         if got == want:
             continue
         dk = E // H if qk_head_dim is None else qk_head_dim
+        # a default head width off by one (E / H rounded up or down the wrong way), seen only when E / H is odd
+        off_by_one = ({_count(E, H, bias, H * d, E, E): d for d in (dk - 1, dk + 1) if d > 0}
+                      if qk_head_dim is None else {})
         message = f"{call_text}: expected {want:,}, got {got:,}."
         if qk_head_dim is not None and got == _parameter_count(E, H, bias):
             message += (" You left qk_head_dim out: with it the query and key projections become (E, H * qk_head_dim),"
@@ -281,6 +284,9 @@ def check_count_parameters(count_parameters) -> str:
             message += " With bias=False the projections have no biases: count only the weights."
         elif bias and qk_head_dim is not None and got == _count(E, H, False, H * dk, E, E) + 4 * E:
             message += " The query and key biases have H * qk_head_dim entries each, not E."
+        elif got in off_by_one:
+            message += (f" With qk_head_dim=None the queries and keys take the default head width E // num_heads = {dk}; "
+                        f"your count fits a width of {off_by_one[got]}.")
         raise Mismatch(message)
     return "your count matches the module's parameters at every size tried, with and without biases and narrower keys."
 
