@@ -17,8 +17,9 @@ real scores far below zero (about -1900 to -1700, where a finite fill such as -1
 padding all the weight; -1e4 and ``finfo(dtype).min`` pass), float64 and float16 (where a fill of -1e9
 overflows), and one case on :func:`other_device` (the machine's accelerator, else the meta device),
 where a tensor made without ``device=`` is named. An answer that branches on a tensor's value cannot run
-on the meta device: that case then runs on the CPU under :class:`_DeviceWatch`, which names a tensor of
-one or more dimensions made without ``device=`` that meets the inputs, and the success message says that
+on the meta device: that case then runs on the CPU under the shared ``DeviceWatch`` of
+``call_elsewhere(..., cpu_args=...)``, which names a tensor of one or more dimensions made without ``device=``
+that meets the inputs, or a result left on the CPU, and the success message says that
 the answer has not run on a GPU (instead of "it keeps to the inputs' device"). By the
 course's dtype rule a float32 result of float16 inputs passes (only a half-precision result of
 full-precision inputs is rejected), and so does a float32 result of float64 inputs; so Exercise 4 judges
@@ -33,9 +34,6 @@ import math
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..alignment import _weights_and_context
 from ..multihead import MultiHeadAttention
@@ -406,55 +404,11 @@ def _cross_expected(mha, queries, memory, key_padding_mask) -> torch.Tensor:
         return mha(queries, memory, memory, key_padding_mask=key_padding_mask)[0]
 
 
-# Ops that CUDA runs with a CPU tensor among CUDA ones (indices, copies, moves, shapes only): not mixing.
-_CROSS_DEVICE_OK = frozenset({"__getitem__", "__setitem__", "index_put", "index_put_", "copy_", "to", "type_as",
-                              "expand_as", "view_as", "reshape_as", "__get__", "size", "dim", "numel"})
-
-
-class _DeviceWatch(TorchFunctionMode):
-    """Where the meta device cannot run an answer (it branches on a tensor's value), the CPU case runs under this
-    watch: the inputs and the module's parameters are "on the device", and so is whatever is computed from them or
-    made with ``device=``; a tensor made without ``device=`` (``torch.zeros(shape)``, ``torch.tensor([...])``) is
-    not. The first op that mixes such a tensor of one or more dimensions with one on the device (which fails on
-    a GPU; a 0-dimensional one is allowed there) is recorded in :attr:`mixed`."""
-
-    def __init__(self, *on_device) -> None:
-        super().__init__()
-        self.placed = WeakIdKeyDictionary()
-        self.mixed: str | None = None
-        for value in on_device:
-            tensors = list(value.parameters()) + list(value.buffers()) if isinstance(value, nn.Module) else [value]
-            for tensor in tensors:
-                self.placed[tensor] = True
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = getattr(func, "__name__", str(func))
-        if name in ("cpu", "numpy", "tolist", "item"):  # data leaves the device: no longer on it
-            return out
-        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        placed = any(x in self.placed for x in leaves)
-        loose = [x for x in leaves if x not in self.placed and x.dim() > 0]
-        if placed and loose and self.mixed is None and name not in _CROSS_DEVICE_OK:
-            self.mixed = name
-        if name == "__iter__" and placed:  # iterating over a tensor: its rows are on its device
-            out = list(out)
-            for row in out:
-                self.placed[row] = True
-            return iter(out)
-        if placed or kwargs.get("device") is not None or name in ("to", "type_as", "cuda"):
-            for tensor in tree_leaves(out):
-                if isinstance(tensor, torch.Tensor):
-                    self.placed[tensor] = True
-        return out
-
-
 def _check_elsewhere(cross_attention, generator: torch.Generator) -> bool:
     """One case with the module, the inputs and the mask on :func:`other_device` (the accelerator, else the meta
     device, whose tensors have shapes but no values): a tensor made without ``device=`` (a mask or a fill built
     on the CPU) is named. On an accelerator the values are compared too; on meta an answer that needs values
-    (``bool(...)`` of a tensor) cannot run there: then the case runs on the CPU under :class:`_DeviceWatch`, which
+    (``bool(...)`` of a tensor) cannot run there: then the case runs on the CPU under the shared DeviceWatch, which
     names a tensor made without ``device=`` that meets the inputs. Returns False on that path (the device itself
     was not tried), else True."""
     device = other_device()
@@ -467,20 +421,8 @@ def _check_elsewhere(cross_attention, generator: torch.Generator) -> bool:
     here = (queries, memory, copy.deepcopy(mha), mask)  # CPU copies, for the watch below
     mha, queries, memory, mask = mha.to(device), queries.to(device), memory.to(device), mask.to(device)
     got = call_elsewhere(cross_attention, queries, memory, mha, mask, device=device, what=what,
-                         made_by="torch.full, torch.zeros, torch.tensor ...")
-    if got is None and device.type == "meta":
-        watch = _DeviceWatch(*here)
-        with watch:
-            call(cross_attention, *here)
-        if watch.mixed is not None:
-            raise Mismatch(
-                f"cross_attention(queries, memory, mha, key_padding_mask), B=3, L=3, S=5, E=8, 2 heads, right padding "
-                f"(lengths [5, 2, 0]): your code reads a tensor's value (an if or bool() on a tensor), so the meta "
-                f"device, which stands in for a GPU here and has no values, cannot run it. Run on the CPU instead, your "
-                f"code mixed a tensor made without device= (torch.zeros, torch.full, torch.tensor ...), which lives on "
-                f"the CPU whatever the inputs, with tensors computed from the inputs in `{watch.mixed}`: on a GPU that "
-                "fails. Make new tensors on the inputs' device (device= from an input, or zeros_like, new_zeros, "
-                "full_like)")
+                         made_by="torch.full, torch.zeros, torch.tensor ...", cpu_args=here)
+    if got is None and device.type == "meta":  # run on the CPU under the shared DeviceWatch instead
         return False
     got = expect_on_device(got, device, what, dtype="float")
     expect(tuple(got.shape) == (3, 3, 8), f"{what}: expected shape (3, 3, 8), got {tuple(got.shape)}")
