@@ -550,6 +550,12 @@ def beam_right_with_tensors(next_log_probs, beam_width, max_len, start_id, end_i
     return torch.tensor(best[1][1:])
 
 
+def beam_stops_one_step_early(next_log_probs, beam_width, max_len, start_id, end_id):
+    """The review's misdiagnosed answer: range(max_len - 1), which returns an unfinished prefix shorter than max_len
+    (it was told that its result is more probable than the reference's, a complete sequence)."""
+    return beam_right(next_log_probs, beam_width, max_len - 1, start_id, end_id)
+
+
 def beam_greedy(next_log_probs, beam_width, max_len, start_id, end_id):
     return beam_right(next_log_probs, 1, max_len, start_id, end_id)
 
@@ -722,6 +728,7 @@ def test_beam_right_answers():
         (beam_width_two, "beam_width=2 only"),
         (beam_package, "you called"),
         (beam_greedy_after_the_first_step, "beam search does not promise the most probable sequence"),
+        (beam_stops_one_step_early, "your search stopped early"),
     ],
 )
 def test_beam_wrong_answers_are_told_what_is_wrong(answer, words):
@@ -775,6 +782,24 @@ def post_norm_right_with_a_mask(layer, x, memory, memory_padding):
     x = layer.norm1(x + attended)
     attended, _ = layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding, need_weights=False)
     x = layer.norm2(x + attended)
+    return layer.norm3(x + layer.feed_forward(x))
+
+
+def post_norm_detached(layer, x, memory, memory_padding):
+    """The review's accepted answer: the right values, cut from autograd."""
+    return post_norm_right(layer, x, memory, memory_padding).detach()
+
+
+def post_norm_under_no_grad(layer, x, memory, memory_padding):
+    """The review's accepted answer: the body under torch.no_grad(), as the notebook's inspection cells run."""
+    with torch.no_grad():
+        return post_norm_right(layer, x, memory, memory_padding)
+
+
+def post_norm_residual_detached(layer, x, memory, memory_padding):
+    """Right values, and a gradient that flows, but not through the first residual."""
+    x = layer.norm1(x.detach() + layer.self_attn(x, x, x, is_causal=True)[0])
+    x = layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
     return layer.norm3(x + layer.feed_forward(x))
 
 
@@ -973,6 +998,9 @@ def test_post_norm_right_answers():
         (post_norm_ffn_before_cross, "values differ"),
         (post_norm_mask_for_the_notebooks_T, "sized for the notebook's T = 6"),
         (post_norm_mask_on_the_cpu, "without device="),
+        (post_norm_detached, "your output carries no gradient"),
+        (post_norm_under_no_grad, "your output carries no gradient"),
+        (post_norm_residual_detached, "gradient with respect to h is not"),
     ],
 )
 def test_post_norm_wrong_answers_are_told_what_is_wrong(answer, words):
@@ -994,7 +1022,9 @@ def test_post_norm_crash_and_scaffold():
 def test_the_gpu_cases_run_where_there_is_a_gpu(monkeypatch):
     """Exercises 2 to 4 try one more case on the notebook's GPU (exercises 2 and 4 on the meta device where
     there is none); here the CPU stands in for the GPU, so that the code path runs on every machine (right answers
-    pass it)."""
+    pass it). Exercise 3's GPU case is the exception to the meta-device policy: its toy model computes each prefix's
+    log-probabilities from real values (a table looked up by the prefix's ids), which the meta device does not
+    have, so on a machine without a GPU that case does not run (the statement says so) and only this test runs it."""
     import attn_course.exercises.ch07 as ch07
 
     monkeypatch.setattr(ch07, "_accelerator", lambda: torch.device("cpu"))

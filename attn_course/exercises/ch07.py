@@ -12,11 +12,13 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   article decides the elision: *l'ancienne école*, *l'ancien chat*).
 - Exercise 2 samples one row too (``.squeeze()`` would drop the batch axis) and passes logits that
   are a tensor of their own, so that a division in place is named as such.
-- Exercise 3 has a table whose best survivor at ``max_len`` has not ended.
+- Exercise 3 has a table whose best survivor at ``max_len`` has not ended, and names a search that stops early
+  (an unfinished result shorter than ``max_len``).
 - Exercise 4 forbids the layer's own wiring by every route (``DecoderLayer.forward`` and
   ``apply_sublayers``, ``Transformer``, PyTorch's decoder layers and ``nn.MultiheadAttention``),
-  asks for the inputs' exact dtype (a float64 case too) and names a causal mask in the other
-  convention.
+  asks for the inputs' exact dtype (a float64 case too, as its statement says) and names a causal mask in
+  the other convention. One more case runs with autograd on and compares the gradients with respect to h and
+  every weight, so that an output cut from autograd (``.detach()``, ``torch.no_grad()``) is named.
 - Exercise 4 tries a target longer than the notebook's T = 6 too, so that a causal mask built for
   that size and sliced is named.
 - Exercises 2 and 4 try one more case on another device (:func:`other_device`): the notebook's GPU,
@@ -488,6 +490,15 @@ def check_beam_search(beam_search_fn) -> str:
     if len(got) > max_len:
         raise Mismatch(f"{what}: your sequence has {len(got)} tokens; max_len={max_len} allows at most {max_len} "
                        "after the start symbol")
+    # A result that has not ended and is shorter than max_len: the reference never returns one (an unfinished
+    # survivor has max_len tokens), so the search stopped early (range(max_len - 1), say). Name it before comparing
+    # scores, which would set an unfinished prefix against a complete sequence.
+    early = [r for r in wrong if (not r[4] or r[4][-1] != r[1].end_id) and len(r[4]) < r[3]]
+    if early:
+        what, model, width, max_len, got, expected = early[0]
+        raise Mismatch(f"{what}: expected {expected}, got {got}: yours has {len(got)} token(s) and has not ended, "
+                       f"but max_len={max_len} allows {max_len}: your search stopped early. Run up to max_len steps, "
+                       "and stop sooner only when every survivor has ended")
     for options, message in _BEAM_MISTAKES:  # a mistake is named only when it explains every case
         if all(r[4] == _variant(r[1], r[2], r[3], **options) for r in results):
             raise Mismatch(f"{what}: {message}")
@@ -657,6 +668,46 @@ def _post_norm_reference(layer: DecoderLayer, x, memory, memory_padding):
     return post(x, memory, memory_key_padding_mask=memory_padding)[0]
 
 
+def _gradients_flow(post_norm_decoder_layer) -> None:
+    """One case with autograd on (the others run under torch.no_grad()): a layer is there to be trained, so its
+    output's gradients with respect to h and to every weight must be DecoderLayer(norm_first=False)'s. An answer that
+    detaches its output, or runs under torch.no_grad() as the notebook's inspection cells do, gives the right values
+    and no gradient."""
+    B, T, S, E, H = 2, 5, 4, 8, 2
+    layer = _layer(E, H, 77).double()
+    g = rng(177)
+    x = randn(B, T, E, generator=g).double().requires_grad_()
+    memory = randn(B, S, E, generator=g).double()
+    memory_padding = torch.tensor([[False] * S, [False, False, True, True]])
+    what = (f"post_norm_decoder_layer(layer, h of shape {(B, T, E)} that requires grad, memory of shape {(B, S, E)}, "
+            "memory_padding), with autograd on")
+    with forbidden(layer, reason="the layer's own forward is the pre-norm wiring; use its sub-modules"), \
+            forbidden(*_LIBRARY_LAYERS, reason="this exercise asks you to wire the layer's own sub-modules yourself, "
+                                               "not to hand them to a library layer"):
+        got = call(post_norm_decoder_layer, layer, x, memory, memory_padding)
+    got = expect_tensor(got, what=what, shape=(B, T, E), dtype="float")
+    if not got.requires_grad:
+        raise Mismatch(f"{what}: your output carries no gradient: it was computed under torch.no_grad() (or "
+                       "torch.inference_mode()), or cut from autograd by .detach() or .data. The values are right, "
+                       "but a layer built so cannot be trained: leave autograd on")
+    post = DecoderLayer(E, H, layer.feed_forward.expand.out_features, norm_first=False).eval().double()
+    post.load_state_dict(layer.state_dict())
+    reference = post(x, memory, memory_key_padding_mask=memory_padding)[0]
+    weights = randn(B, T, E, generator=g).double()  # the gradient of sum(weights * output)
+    names = ["h"] + [name for name, _ in layer.named_parameters()]
+    yours = torch.autograd.grad((got * weights).sum(), [x, *layer.parameters()], allow_unused=True)
+    theirs = torch.autograd.grad((reference * weights).sum(), [x, *post.parameters()], allow_unused=True)
+    atol, rtol = tolerance(torch.float64)
+    for name, a, b in zip(names, yours, theirs):
+        b = torch.zeros_like(x if name == "h" else dict(post.named_parameters())[name]) if b is None else b
+        if a is None or not torch.allclose(a.detach(), b.detach(), atol=atol, rtol=rtol):
+            state = "none at all" if a is None else "it differs"
+            raise Mismatch(f"{what}: your output is right, but its gradient with respect to {name} is not "
+                           f"({state}): part of the computation is cut from autograd (.detach(), .data or "
+                           "torch.no_grad() on part of the way), so the layer would not learn as "
+                           "DecoderLayer(norm_first=False) does")
+
+
 _LIBRARY_LAYERS = (DecoderLayer.apply_sublayers, Transformer, torch.nn.TransformerDecoderLayer, torch.nn.TransformerDecoder,
                    torch.nn.Transformer, torch.nn.MultiheadAttention, torch.nn.functional.multi_head_attention_forward)
 
@@ -716,6 +767,7 @@ def check_post_norm_decoder_layer(post_norm_decoder_layer) -> str:
             raise Mismatch(f"{what}: the output equals the input: apply the three sub-layers")
         expect_close(got, reference, what=f"{what}: the output (compared with DecoderLayer(norm_first=False) holding the "
                                           "same weights)")
+    _gradients_flow(post_norm_decoder_layer)
     _post_norm_elsewhere(post_norm_decoder_layer)
     return ("your post-norm wiring gives what DecoderLayer(norm_first=False) gives with the same weights (to rounding), "
             "at every size, padding and dtype tried: the original Transformer's layer.")
