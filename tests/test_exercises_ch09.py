@@ -141,6 +141,7 @@ def test_right_answers_pass():
                      check_interleaved_to_halves(interleaved_to_halves_index),
                      check_interleaved_to_halves(interleaved_to_halves_hf),
                      check_far_share(far_share), check_far_share(far_share_loops), check_far_share(far_share_tril),
+                     check_far_share(far_share_one_minus_near), check_far_share(far_share_row_loop),
                      check_far_share(lambda w, q, f: far_share(w.double(), q, f).to(w.dtype))):
         assert feedback.status == "correct", str(feedback)
         assert bool(feedback)
@@ -332,6 +333,22 @@ def far_share_tril(weights, first_query, far):
     return ((weights * is_far).sum(-1)[..., rows]).mean(-1).mean(0)
 
 
+def far_share_one_minus_near(weights, first_query, far):
+    """Another formulation: 1 minus the weight on the keys fewer than `far` back, later keys included (the fifth
+    review): right for an encoder's weights too, since each row adds up to 1."""
+    L, S = weights.shape[-2:]
+    query_pos = torch.arange(S - L, S, device=weights.device)
+    offset = query_pos[:, None] - torch.arange(S, device=weights.device)[None, :]
+    return 1 - (weights * (offset < far)).sum(-1)[:, :, query_pos >= first_query].mean(dim=(0, 2))
+
+
+def far_share_row_loop(weights, first_query, far):
+    """Another formulation: a Python loop over the rows, deciding on Python integers (no value read on the host)."""
+    L, S = weights.shape[-2:]
+    kept = [weights[:, :, r, : max(S - L + r - far + 1, 0)].sum(-1) for r in range(L) if S - L + r >= first_query]
+    return torch.stack(kept, dim=-1).mean(dim=(0, 2))
+
+
 def _far_share_in_place(weights, first_query, far):
     L, S = weights.shape[-2:]
     weights *= (torch.arange(S - L, S)[:, None] - torch.arange(S)[None, :]) >= far
@@ -430,6 +447,50 @@ def _convert_negate_pair(weight, num_heads):
     return out
 
 
+def _rope_float_per_position(x, positions, base=10000.0):
+    """Right values, but float(p) per position: each one a read of the device's value on the host (.item())."""
+    D = x.size(-1)
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    angles = torch.stack([float(p) * theta for p in positions])
+    first, second = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([first * angles.cos() - second * angles.sin(), first * angles.sin() + second * angles.cos()], -1)
+
+
+def _rope_table_sized_by_item(x, positions, base=10000.0):
+    """Right values, but a table of angles sized by positions.max().item(), as a cache of cosines would be."""
+    D = x.size(-1)
+    n = int(positions.max().item()) + 1
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    angles = (torch.arange(n, dtype=torch.float64, device=x.device)[:, None] * theta)[positions]
+    first, second = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([first * angles.cos() - second * angles.sin(), first * angles.sin() + second * angles.cos()], -1)
+
+
+def _far_share_float_per_row(weights, first_query, far):
+    """Right values, but a Python loop adding float(...) of each row's far weights, put back on the device."""
+    B, H, L, S = weights.shape
+    shares = []
+    for h in range(H):
+        total, count = 0.0, 0
+        for b in range(B):
+            for r in range(L):
+                i = S - L + r
+                if i >= first_query:
+                    total += float(weights[b, h, r, : max(i - far + 1, 0)].sum())
+                    count += 1
+        shares.append(total / count)
+    return torch.tensor(shares, dtype=weights.dtype, device=weights.device)
+
+
+def _far_share_rows_tolist(weights, first_query, far):
+    """Right values, but the kept rows as a Python list (.nonzero().tolist()): a copy to the CPU."""
+    L, S = weights.shape[-2:]
+    query_pos = torch.arange(S - L, S, device=weights.device)
+    rows = (query_pos >= first_query).nonzero().flatten().tolist()
+    offset = query_pos[:, None] - torch.arange(S, device=weights.device)[None, :]
+    return (weights * (offset >= far)).sum(-1)[:, :, rows].mean(dim=(0, 2))
+
+
 # --- wrong answers say what is wrong --------------------------------------------------------------
 
 @pytest.mark.parametrize(
@@ -520,6 +581,14 @@ def _convert_negate_pair(weight, num_heads):
         (check_rotate_half_rope, _rope_angles_in_input_dtype, "angles computed in bfloat16 .*at position 2001.* x is "
                                                               "bfloat16 here"),
         (check_rotate_half_rope, _rope_positions_float16, "angles computed in float16 .*at position 2049"),
+        # the fifth fresh review (chapter-09-fifth.md): values read on the host, which the meta device cannot run (so
+        # they were not judged there): run on the CPU under the watch, named on every device
+        (check_rotate_half_rope, _rope_float_per_position, "brings a value from the device to the host \\(float\\(\\) "
+                                                           "of a tensor\\)"),
+        (check_rotate_half_rope, _rope_table_sized_by_item, "brings a value from the device to the host \\(\\.item"),
+        (check_far_share, _far_share_float_per_row, "brings a value from the device to the host \\(float\\(\\) of a "
+                                                    "tensor\\)"),
+        (check_far_share, _far_share_rows_tolist, "brings a value from the device to the host \\(\\.tolist"),
     ],
 )
 def test_wrong_answers_are_rejected_with_a_reason(check, answer, text):

@@ -9,8 +9,9 @@ head counts up to BLOOM's 112), float32 as well as float64 (exercise 1 also bflo
 whose angles must still be computed in float32 or float64), and slopes given as a list, a numpy array
 or a tensor. Exercises 1 and 4 try one case more on another device (:func:`attn_course.exercises.other_device`:
 the accelerator, else PyTorch's meta device), so that a tensor made without ``device=`` is named, and so is
-data copied out to the CPU (``.cpu()``, ``.tolist()``, ``.item()``: the statements ask for neither), which on
-the meta device is how an answer that computes on the CPU and returns a CPU tensor shows; exercise 3
+data copied out to the CPU (``.cpu()``, ``.tolist()``, ``.item()``, ``float(t)``: the statements ask for neither),
+which on the meta device is how an answer that computes on the CPU and returns a CPU tensor shows (an answer that
+reads a value, which meta cannot run, is run on the CPU under the shared mechanism's watch); exercise 3
 demands the input's dtype and exactly the permuted rows. Exercise 4 measures the share of attention that goes far, for whole sequences and for cached
 steps (the queries at the last L positions). The module's own reference helpers are forbidden too
 (``_PRIVATE``): an answer that calls them has not done the exercise.
@@ -67,13 +68,18 @@ def _far_share(weights: torch.Tensor, first_query: int, far: int) -> torch.Tenso
     return (w * is_far).sum(dim=-1)[:, :, rows].mean(dim=(0, 2))  # (B, H, L) -> (H,)
 
 
-def _call_elsewhere(fn, *args, device: torch.device, what: str):
+def _call_elsewhere(fn, *args, device: torch.device, what: str, cpu_args: tuple):
     """:func:`call_elsewhere`, with data copied out of the inputs (``.cpu()``, ``.numpy()``, ``.tolist()``,
     ``.item()``) named as what it is here: the statements of exercises 1 and 4 ask for the work on the inputs'
     device. On the meta device this is how an answer that computes on the CPU and returns a CPU tensor shows (on a
-    GPU, :func:`expect_on_device` names its result)."""
+    GPU, :func:`expect_on_device` names its result). A value read on the host (``.item()``, ``float(t)``,
+    ``int(t)``, an ``if`` on a tensor, ``.tolist()``) is named on every device (``reading_values_is_a_mistake``):
+    the meta device cannot run such an answer, so it runs on ``cpu_args`` (the same arguments on the CPU) under
+    the shared mechanism's watch, which also names a tensor made without ``device=``. Selecting rows with a boolean
+    mask reads no value on the host (the meta device cannot run it either): it passes."""
     try:
-        return call_elsewhere(fn, *args, device=device, what=what)
+        return call_elsewhere(fn, *args, device=device, what=what, cpu_args=cpu_args,
+                              reading_values_is_a_mistake=True)
     except Mismatch as mismatch:
         if "copy out" not in str(mismatch).lower():
             raise
@@ -243,11 +249,14 @@ def check_rotate_half_rope(rope) -> str:
         expect_close(got, expected, what=what, atol=atol, rtol=rtol)
     # Once more with x and the positions on another device (a GPU, or the meta device standing in for one): the
     # frequencies and angles must be made there too, and the result must come back there. On meta, an answer that
-    # computes on the CPU shows as data copied out of the inputs, which the statement rules out: named.
+    # computes on the CPU shows as data copied out of the inputs, which the statement rules out: named. So is a
+    # value read on the host (.item(), float(p) per position, int(positions.max()) to size a table: the fifth
+    # review), on every device: meta cannot run it, so it runs on the CPU inputs under a watch.
     device = other_device()
     x, positions = randn(2, 5, 8, generator=g), torch.tensor([0, 3, 7, 12, 40])
     what = f"rope(x, positions={positions.tolist()}) with x (float32) and the positions on the {device.type} device"
-    got = _call_elsewhere(rope, x.to(device), positions.to(device), 10000.0, device=device, what=what)
+    got = _call_elsewhere(rope, x.to(device), positions.to(device), 10000.0, device=device, what=what,
+                          cpu_args=(x, positions, 10000.0))
     if got is not None:
         got = expect_on_device(got, device, what)
         expect_tensor(got, what=what, shape=x.shape, dtype="float")
@@ -431,12 +440,14 @@ def check_far_share(far_share) -> str:
             _far_share_mistakes(answer, weights, int(first_query), int(far), what)
         expect_close(got, expected, what=what)
     # Once more with the weights on another device (a GPU, or the meta device standing in for one): the positions
-    # must be made there too. Selecting rows by a boolean mask needs values, so meta cannot judge every answer:
-    # the cases above did.
+    # must be made there too. Selecting rows by a boolean mask needs values, so meta cannot run every answer: those
+    # run on the CPU weights under a watch, which names a tensor made without device= and a value read on the host
+    # (float(...) of a sum, .tolist() of the rows: copies to the CPU, which the statement rules out); a boolean
+    # mask itself reads nothing on the host and passes.
     device = other_device()
     weights = _causal_weights(2, 3, 4, 10, g, torch.float32)
     what = f"far_share(weights of shape (2, 3, 4, 10) (float32) on the {device.type} device, first_query=7, far=2)"
-    got = _call_elsewhere(far_share, weights.to(device), 7, 2, device=device, what=what)
+    got = _call_elsewhere(far_share, weights.to(device), 7, 2, device=device, what=what, cpu_args=(weights, 7, 2))
     if isinstance(got, torch.Tensor):
         got = expect_on_device(got, device, what)
         if device.type != "meta":
