@@ -548,7 +548,13 @@ def cosine_norm_clamped(x, temperature):  # the same clamp written out
 
 
 def cosine_normalize_tiny_eps(x, temperature):  # another correct formulation: a guard far below any length
-    unit = F.normalize(x, dim=-1, eps=1e-6)
+    unit = F.normalize(x, dim=-1, eps=1e-9)
+    w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
+    return w @ x, w
+
+
+def cosine_clamp_min_1e3(x, temperature):  # (fifth review: accepted) a guard of 1e-3, above the short token's length
+    unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-3)
     w = torch.softmax(unit @ unit.transpose(-2, -1) / temperature, dim=-1)
     return w @ x, w
 
@@ -740,6 +746,17 @@ def softmax_shift_rows_with_positive_max(s):  # shifts only the rows whose maxim
     return e / e.sum(-1, keepdim=True)
 
 
+def softmax_shift_only_if_row_max_large(s):  # (fifth review: accepted) shifts rows whose maximum is above 50 only
+    m = s.max(-1, keepdim=True).values
+    m = torch.where(m.abs() > 50, m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_upcast(s):  # another correct formulation: computed in float32, returned in float32 for float16 scores
+    return softmax_right(s.float())
+
+
 def softmax_logcumsumexp(s):  # (third review: accepted) logsumexp as the last entry of logcumsumexp
     return torch.exp(s - torch.logcumsumexp(s, dim=-1)[..., -1:])
 
@@ -854,6 +871,10 @@ CASES = [
     (check_stable_softmax, softmax_subtract_mean, "incorrect", "its mean"),
     (check_stable_softmax, softmax_shift_only_if_large, "incorrect", "not only when a score is large"),
     (check_stable_softmax, softmax_shift_rows_with_positive_max, "incorrect", "not only when a score is large"),
+    # (fifth review) A shift only where a row's maximum is large: float16 overflows at exp(11.1).
+    (check_stable_softmax, softmax_shift_only_if_row_max_large, "incorrect", "in float16: your result contains inf or NaN"),
+    (check_stable_softmax, softmax_shift_only_if_row_max_large, "incorrect", "not only when a score is large"),
+    (check_stable_softmax, softmax_upcast, "correct", "any shape"),
     (check_stable_softmax, softmax_logcumsumexp, "incorrect", "you called torch.logcumsumexp: it subtracts each row's maximum"),
     (check_stable_softmax, softmax_logaddexp_fold, "incorrect", "you called torch.logaddexp: it subtracts each row's maximum"),
     (check_batched_self_attention, batched_right, "correct", "every sequence"),
@@ -931,6 +952,9 @@ CASES = [
     (check_cosine_self_attention, cosine_clamped_epsilon(1e-2), "incorrect", "did you guard the division with an eps"),
     (check_cosine_self_attention, cosine_norm_clamped, "incorrect", "did you guard the division with an eps"),
     (check_cosine_self_attention, cosine_normalize_tiny_eps, "correct", "directions"),
+    # (fifth review) A guard of exactly 1e-3, which the old short token (length 0.001) did not see.
+    (check_cosine_self_attention, cosine_clamped_epsilon(1e-3), "incorrect", "did you guard the division with an eps"),
+    (check_cosine_self_attention, cosine_clamp_min_1e3, "incorrect", "did you guard the division with an eps"),
     (check_shuffled_attention, shuffled_right, "correct", "does not see word order"),
     (check_shuffled_attention, shuffled_permutation_matrix, "correct", "does not see word order"),
     (check_shuffled_attention, shuffled_index_select, "correct", "does not see word order"),

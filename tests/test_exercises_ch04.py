@@ -229,6 +229,19 @@ def _leak_flag_overwritten(model, x):
     return False
 
 
+def _leak_test_changing_by(change):
+    """A leak test with the right loop and an exact comparison, whose later tokens are changed by ``change``."""
+    def leaks_future(model, x):
+        base = model(x)
+        for t in range(x.size(1) - 1):
+            changed = x.clone()
+            changed[:, t + 1:] = change(changed[:, t + 1:])
+            if not torch.equal(model(changed)[:, : t + 1], base[:, : t + 1]):
+                return True
+        return False
+    return leaks_future
+
+
 # The wrong leak tests students write, each with (part of) the message that must name the mistake.
 LEAK_TEST_WRONG_ANSWERS = [
     (lambda model, x: True, "causal self-attention you returned True"),
@@ -258,6 +271,11 @@ LEAK_TEST_WRONG_ANSWERS = [
     (_leak_flag_overwritten, "first sequence of the batch only"),
     # (second review) The last sequence of the batch only.
     (_leak_test(compare=lambda out, t: out[-1, : t + 1]), "not only the last one's"),
+    # (fifth review) Later tokens scaled by 2: a leak through a token's direction does not move.
+    (_leak_test_changing_by(lambda later: later * 2), "multiply the later tokens by a positive number"),
+    # (fifth review) Later tokens negated, or their features rolled: a leak through a token's length does not move.
+    (_leak_test_changing_by(lambda later: -later), "keep each later token's length"),
+    (_leak_test_changing_by(lambda later: later.roll(1, dims=-1)), "keep each later token's length"),
 ]
 
 
@@ -312,6 +330,8 @@ SLIDING_WINDOW_WRONG_ANSWERS = [
     (lambda T, w: band(T, w).float(), "bool tensor"),
     (lambda T, w: band(T, min(w, 3)), "should be"),
     (lambda T, w: band(T, w)[:, :-1], "expected shape"),
+    # (fifth review) Cut from a fixed-size buffer of 8 positions: right up to T = 8, too small for T = 20.
+    (lambda T, w: band(8, w)[:T, :T], "a mask of a fixed size"),
 ]
 
 
@@ -387,6 +407,9 @@ def _causal_tril_indices(T):
         (_causal_package, "attn_course.causal_mask"),
         # Right for the notebook's T = 5 only.
         (lambda T: causal_by_hand(5), "expected shape"),
+        # (fifth review) Cut from a fixed-size buffer (section 11's idea): right up to T = 8, too small for T = 20.
+        (lambda T: causal_by_hand(8)[:T, :T], "a mask of a fixed size"),
+        (lambda T: causal_by_hand(16)[:T, :T], "a buffer of max_len = 16"),
     ],
 )
 def test_causal_mask_forbidden_routes_and_fixed_sizes(answer, text):
@@ -784,9 +807,15 @@ def test_leak_test_other_right_answers_pass():
             return False
         return leaks_future
 
-    for transform in (lambda z: -z, lambda z: torch.zeros_like(z), lambda z: 2 * z, lambda z: 1 - z,
-                      lambda z: torch.randn_like(z) + 0.1):
+    for transform in (lambda z: torch.zeros_like(z), lambda z: 1 - z, lambda z: torch.randn_like(z) + 0.1):
         assert check_leak_test(changed_by(transform)).status == "correct"
+
+    # Wrong (fifth round): scaling the later tokens leaves a token's direction as it was, and negating them leaves
+    # its length as it was, so a leak through either goes unseen (both are in LEAK_TEST_WRONG_ANSWERS too).
+    for transform, words in ((lambda z: 2 * z, "multiply the later tokens"), (lambda z: 0.5 * z, "multiply the later tokens"),
+                             (lambda z: -z, "keep each later token's length")):
+        feedback = check_leak_test(changed_by(transform))
+        assert feedback.status == "incorrect" and words in feedback.message, str(feedback)
 
     # Wrong (fourth round): adding the same number to every feature leaves a centred copy of a token (a token minus
     # its mean over the features, as a LayerNorm-like step makes) exactly as it was, so such a leak goes unseen.

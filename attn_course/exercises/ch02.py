@@ -11,14 +11,15 @@ name: ``sigmoid``, ``softplus``, ``tanh`` ...) or a linear solve that recovers x
 ``pinv``, ``lstsq`` ...) in exercise 5, which moves numbers instead of computing them again; inputs watched for changes in place,
 sizes unlike the notebook's (``other_sizes``) and scores near +-100 in float32 (``large_scores``); in
 exercise 1, a row whose maximum is neither its first nor its last score and a row that is only very
-negative; in exercise 2, a Python loop over the batch (the number of torch calls must not grow with
+negative, and a float16 row whose maximum is 20 (a shift applied only above some threshold overflows there); in
+exercise 2, a Python loop over the batch (the number of torch calls must not grow with
 the batch; numpy and Python lists, where such a loop would not be counted, are refused); in exercise 3,
 a diagonal that is exactly 0 also where finite fills lose (scores near -100 and near -1e32, and tiny
 scores near 1e-6), three tokens whose own score is far above two different others (renormalising
 after the softmax loses their order), scores above 88 (where a softmax without the maximum
 overflows), a repeated word, float16 in and float16 out, and one more case on another device
 (:func:`attn_course.exercises.other_device`: the GPU, else PyTorch's meta device); in exercise 4, a
-temperature of 0.01 (scores up to 100) and a token of length 0.001 (an eps in the normalisation
+temperature of 0.01 (scores up to 100) and a token of length 1e-6 (an eps in the normalisation
 would shorten it); in exercise 5, orders given as a tensor, a list or a numpy array of integers.
 """
 
@@ -173,6 +174,17 @@ def check_stable_softmax(stable_softmax) -> str:
                f"{what}: your result contains inf or NaN: exp of a score near 100 overflows float32; "
                "subtract each row's maximum before torch.exp")
         expect_close(got, torch.softmax(scores, dim=-1), what=what)
+    # 7. Half precision, with row maxima of 20 and 12: float16 overflows above 65504, that is exp(11.1), so a shift
+    #    applied only when a score is large (above 50, say, where float32 would overflow) gives inf / inf here.
+    half = torch.tensor([[20.0, 19.0, 0.0], [12.0, 11.5, 3.0]], dtype=torch.float16)
+    what = "stable_softmax of [[20, 19, 0], [12, 11.5, 3]] in float16"
+    got = run(half, what)
+    if not bool(torch.isfinite(got).all()):
+        raise Mismatch(f"{what}: your result contains inf or NaN. float16 overflows above 65504, so exp(20) (and "
+                       "already exp(11.1)) is inf there, and the row becomes inf / inf. Did you shift by the maximum only "
+                       "when a score is large (above some threshold)? Subtract each row's own maximum always, not only "
+                       "when a score is large: then every exponent is at most 0, in any dtype")
+    expect_close(got, torch.softmax(half.float(), dim=-1), what=what)
     return "your softmax matches torch.softmax over the last axis of any shape, also on scores of ±1000."
 
 
@@ -564,21 +576,21 @@ def check_cosine_self_attention(cosine_self_attention) -> str:
     expected_context, expected_weights = _cosine(cold.double(), 0.01)
     expect_close(got_weights, expected_weights, what=what)
     expect_close(got[0], expected_context, what="context for x of shape (T=4, E=3) at temperature 0.01")
-    # A short vector (length 0.001, like a word whose features are all small): its direction counts as much as any
-    # other. A guard against division by zero larger than its length (F.normalize(eps=0.01), x / (norm + 0.01),
-    # norm.clamp(min=0.01)) shortens its unit vector and changes its scores.
+    # A short vector (length 1e-6, like a word whose features are all small): its direction counts as much as any
+    # other. A guard against division by zero not far below its length (F.normalize(eps=1e-3), x / (norm + 1e-3),
+    # norm.clamp(min=1e-3)) shortens its unit vector and changes its scores.
     short = torch.rand(4, 3, generator=generator) + 0.1
-    short[2] *= 0.001 / float(short[2].norm())
-    what = "weights for x of shape (T=4, E=3) with token 2 of length 0.001, at temperature 0.1"
+    short[2] *= 1e-6 / float(short[2].norm())
+    what = "weights for x of shape (T=4, E=3) with token 2 of length 1e-6, at temperature 0.1"
     got = _pair(call(cosine_self_attention, short, 0.1), "cosine_self_attention(x, 0.1) with a short token")
     got_weights = expect_tensor(got[1], what=what, shape=(4, 4))
     expected_context, expected_weights = _cosine(short.double(), 0.1)
     w = got_weights.detach().double()
     if bool(torch.isfinite(w).all()) and not torch.allclose(w, expected_weights, atol=1e-4):
         raise Mismatch(f"{what}: the weights differ (token 2's weight on itself is {_shown([float(w[2, 2])])[0]}, "
-                       f"it should be {_shown([float(expected_weights[2, 2])])[0]}). A vector of length 0.001 must "
+                       f"it should be {_shown([float(expected_weights[2, 2])])[0]}). A vector of length 1e-6 must "
                        "still become a unit vector: did you guard the division with an eps (F.normalize(eps=...), "
-                       "norm + eps, norm.clamp(min=eps)) that is not far below 0.001? Divide by the norm itself, or "
+                       "norm + eps, norm.clamp(min=eps)) that is not far below 1e-6? Divide by the norm itself, or "
                        "keep F.normalize's default eps=1e-12")
     expect_close(got_weights, expected_weights, what=what)
     expect_close(got[0], expected_context, what="context for x of shape (T=4, E=3) with a short token")

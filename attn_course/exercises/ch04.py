@@ -2,8 +2,10 @@
 
 Each check tries the notebook's case and then cases unlike it (other lengths, ``L != S``, left
 padding, rows with nothing to attend to, scores near 100, float16 and bfloat16), names the usual
-mistakes (the blocked convention, the upper triangle, off by one, padding on the query axis, a leak
-test that looks at one position or compares with a tolerance), and uses the shared mechanism of
+mistakes (the blocked convention, the upper triangle, off by one, padding on the query axis, a mask
+cut from a fixed-size buffer (masks are tried up to T = 20), a leak test that looks at one position,
+compares with a tolerance, or changes the later tokens in a way a leak through their centred copy, their
+direction or their length does not see), and uses the shared mechanism of
 ``attn_course.exercises``: ``tril``/``triu`` and the package's mask helpers forbidden where the
 exercise says so (``forbid=("tril", "attn_course")``), torch's and the package's attention in
 exercise 2, inputs watched for changes in place. Exercise 2 also tries allowed scores far below any
@@ -33,6 +35,12 @@ def _show(mask: torch.Tensor) -> str:
 
 
 def _bool_mask(got, what: str, shape) -> torch.Tensor:
+    T = shape[-1]
+    if isinstance(got, torch.Tensor) and got.dim() == 2 and got.size(0) == got.size(1) and 0 < got.size(0) < T:
+        raise Mismatch(f"{what}: expected shape {tuple(shape)}, got {tuple(got.shape)}: your mask stops at {got.size(0)} "
+                       f"positions. Did you cut it from a mask of a fixed size (a buffer of max_len = {got.size(0)}, as "
+                       "in section 11)? Slicing [:T, :T] cannot make it longer than the buffer: build the mask from T "
+                       "itself (torch.arange(T))")
     got = expect_tensor(got, what=what, shape=shape)
     if got.dtype != torch.bool:
         raise Mismatch(f"{what} must return a bool tensor (True = may attend), got dtype {got.dtype}. Only a bool mask "
@@ -47,7 +55,7 @@ def _bool_mask(got, what: str, shape) -> torch.Tensor:
     forbid=("tril", "attn_course"),
 )
 def check_causal_mask(causal_mask_by_hand) -> str:
-    for T in (5, 1, 2, 8):
+    for T in (5, 1, 2, 8, 20):  # 20: longer than section 11's buffer (max_len = 16)
         expected = causal_mask(T)
         what = f"causal_mask_by_hand({T})"
         got = _bool_mask(call(causal_mask_by_hand, T), what, (T, T))
@@ -361,9 +369,11 @@ def _attention_models():
         out[:, 0] = base + leak  # rounds to base or to base plus one step
         return out
 
-    def middle_peeks(x):  # causal, except that output 4 peeks at token 5: position 0 never moves
+    def middle_peeks(x):
+        # Causal, except that output 4 peeks at token 5's direction (as F.normalize, a cosine or a LayerNorm without
+        # eps would give): position 0 never moves, and scaling token 5 by a positive number leaves the leak as it was.
         out = attention(x, is_causal=True)[0].clone()
-        out[:, 4] = out[:, 4] + 1e-3 * x[:, 5]
+        out[:, 4] = out[:, 4] + 1e-3 * torch.nn.functional.normalize(x[:, 5], dim=-1)
         return out
 
     def last_leaks(x):  # causal, except that the next-to-last output sees the last token
@@ -386,11 +396,12 @@ def _attention_models():
         return attention(x, attn_mask=allowed)[0]
 
     def first_sequence_peeks(x):
-        # Causal for every sequence but the first; in sequence 0, output 2 takes in token 5 through a path without
-        # gradient (a value taken with .detach(), as a statistic computed under no_grad would be): every gradient,
-        # and the whole Jacobian, is 0 there.
+        # Causal for every sequence but the first; in sequence 0, output 2 takes in token 5's length (as an RMS
+        # statistic would) through a path without gradient (a value taken with .detach(), as a statistic computed
+        # under no_grad would be): every gradient, and the whole Jacobian, is 0 there, and negating token 5 or
+        # permuting its features leaves the leak as it was.
         out = attention(x, is_causal=True)[0].clone()
-        out[:1, 2] = out[:1, 2] + 1e-3 * x[:1, 5].detach()
+        out[:1, 2] = out[:1, 2] + 1e-3 * x[:1, 5].detach().norm(dim=-1, keepdim=True)
         return out
 
     def only_itself(x):
@@ -418,7 +429,8 @@ def _attention_models():
         ("causal attention with outputs of about 1e-5 whose first output moves by at most one rounding step of float32 "
          "(about 1e-12, or 1e-7 of its size) when token 3 changes", rounding_peeks, True,
          f"no tolerance, absolute or relative, is smaller than one rounding step; {exactly}"),
-        ("causal attention whose output 4 peeks at token 5 (by 0.001)", middle_peeks, True,
+        ("causal attention whose output 4 peeks at token 5 (by 0.001 times its direction, token 5 divided by its length)",
+         middle_peeks, True,
          f"output 0 never moves in this model: {every_position}, and exactly"),
         ("attention in which the next-to-last output also sees the last token", last_leaks, True,
          f"only the last token leaks, and only into output T - 2: {every_position}"),
@@ -429,8 +441,8 @@ def _attention_models():
         ("attention in which output 0 also sees token 1 (and nothing else leaks)", first_sees_second, True,
          "the only leak is from token 1 into output 0: does your loop skip t = 0? Start at t = 0: change the tokens "
          "after 0 and compare output 0"),
-        ("causal attention in which output 2 of the first sequence peeks at token 5 (by 0.001, through a path without "
-         "gradient)", first_sequence_peeks, True,
+        ("causal attention in which output 2 of the first sequence peeks at token 5 (by 0.001 times its length, through "
+         "a path without gradient)", first_sequence_peeks, True,
          "the leak is in the first sequence of the batch only: compare every sequence's earlier outputs, not only the last "
          "one's (a flag set in a loop over the sequences must not be overwritten by the next sequence: combine them with "
          "or, or compare the whole batch at once)"),
@@ -451,12 +463,14 @@ def _as_bool(answer):
 
 
 def _watched(model, lengths: list, x: torch.Tensor, changes: list, gradients: list | None = None,
-             shifts: list | None = None):
+             shifts: list | None = None, scalings: list | None = None, same_lengths: list | None = None):
     """``model``, noting the length of every input it is given (a leak test that runs shorter inputs), for
     inputs of ``x``'s shape how far they are from ``x`` (a leak test whose changes are too small to see) and
     whether a changed one differs from ``x`` by the same number in every feature of each token (a shift, which
-    a centred copy of a token does not see), and whether an input tracks gradients (a leak test built on
-    gradients or a Jacobian)."""
+    a centred copy of a token does not see), whether every changed token keeps its direction (a scaling, which
+    a token's direction does not see) or its length (a negation or a permutation of its features, which a
+    token's length does not see), and whether an input tracks gradients (a leak test built on gradients or a
+    Jacobian)."""
     def run(inputs):
         lengths.append(int(inputs.size(-2)) if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else -1)
         if gradients is not None and isinstance(inputs, torch.Tensor) and inputs.requires_grad:
@@ -467,6 +481,15 @@ def _watched(model, lengths: list, x: torch.Tensor, changes: list, gradients: li
             if shifts is not None and changes[-1] > 0:
                 spread = float((change - change.mean(-1, keepdim=True)).abs().max())  # 0 up to float32's rounding for a shift
                 shifts.append(spread <= 1e-3 * changes[-1])
+            if changes[-1] > 0 and (scalings is not None or same_lengths is not None):
+                new, old = inputs.detach().cpu().double(), x.double()  # (B, T, E)
+                moved = (new != old).any(-1)  # (B, T): the tokens that changed
+                new, old = new[moved], old[moved]  # (N, E)
+                if scalings is not None:
+                    cosine = torch.nn.functional.cosine_similarity(new, old, dim=-1)
+                    scalings.append(bool((cosine > 1 - 1e-9).all()))
+                if same_lengths is not None:
+                    same_lengths.append(bool(torch.allclose(new.norm(dim=-1), old.norm(dim=-1), rtol=1e-9, atol=0.0)))
         return model(inputs)
     return run
 
@@ -486,14 +509,16 @@ def check_leak_test(leaks_future) -> str:
         "second_sequence_peeks": "the leak is token 5 minus its mean over the features (as a LayerNorm-like step "
                                  "makes), whose gradient sums to zero over the features: the gradient of a sum of "
                                  "outputs is exactly 0 there although output 2 moves",
-        "first_sequence_peeks": "the leak goes through a path without gradient (a value taken with .detach(), as a "
-                                "statistic computed under no_grad would be; a count of tokens or a rounding would do "
-                                "the same): every gradient, and the whole Jacobian, is 0 there although output 2 moves",
+        "first_sequence_peeks": "the leak (token 5's length) goes through a path without gradient (a value taken with "
+                                ".detach(), as a statistic computed under no_grad would be; a count of tokens or a "
+                                "rounding would do the same): every gradient, and the whole Jacobian, is 0 there "
+                                "although output 2 moves",
     }
     for name, model, leaks, how_to_catch in models:
-        lengths, changes, gradients, shifts = [], [], [], []
+        lengths, changes, gradients, shifts, scalings, same_lengths = [], [], [], [], [], []
         # Gradients stay on, so that a test built on them runs, and is named below where it misses a leak.
-        answer = _as_bool(call(leaks_future, _watched(model, lengths, x, changes, gradients, shifts), x))
+        answer = _as_bool(call(leaks_future, _watched(model, lengths, x, changes, gradients, shifts, scalings,
+                                                      same_lengths), x))
         expect(isinstance(answer, bool), f"leaks_future must return True or False; for the {name} it returned "
                f"{type(answer).__name__} {answer!r}")
         if any(0 <= n < x.size(-2) for n in lengths):
@@ -516,6 +541,19 @@ def check_leak_test(leaks_future) -> str:
                            "changes add the same number to every feature of a token, and this leak is a token minus its "
                            "mean over the features (as a LayerNorm-like step makes), which such a shift leaves exactly as "
                            "it was. Change the later tokens for new ones (new random vectors, say), and compare exactly.")
+        if leaks and not answer and scalings and all(scalings) and model.__name__ == "middle_peeks":
+            raise Mismatch(f"for the {name} you returned False, but later tokens do change earlier outputs there. Your "
+                           "changes multiply the later tokens by a positive number, and this leak is a token's direction "
+                           "(as F.normalize, a cosine or a LayerNorm without eps gives), which such a scaling leaves "
+                           "exactly as it was. Change the later tokens for new ones (new random vectors, say), and compare "
+                           "exactly.")
+        if leaks and not answer and same_lengths and all(same_lengths) and model.__name__ == "first_sequence_peeks" \
+                and not gradients:
+            raise Mismatch(f"for the {name} you returned False, but later tokens do change earlier outputs there. Your "
+                           "changes keep each later token's length (negating it, or permuting or flipping the signs of "
+                           "its features), and this leak is a token's length (as an RMS statistic gives), which such a "
+                           "change leaves exactly as it was. Change the later tokens for new ones (new random vectors, "
+                           "say), and compare exactly.")
         if leaks and not answer and gradients and model.__name__ in through_gradients:
             raise Mismatch(f"for the {name} you returned False, but later tokens do change earlier outputs there. Your "
                            f"test reads gradients, and {through_gradients[model.__name__]}. A gradient shows only "
@@ -540,7 +578,7 @@ def check_leak_test(leaks_future) -> str:
     forbid=("tril", "attn_course"),
 )
 def check_sliding_window_mask(sliding_window_mask_by_hand) -> str:
-    for T, window in ((7, 3), (6, 1), (5, 5), (4, 9), (1, 1), (8, 2)):
+    for T, window in ((7, 3), (6, 1), (5, 5), (4, 9), (1, 1), (8, 2), (20, 4)):  # 20: longer than a buffer of 16
         expected = sliding_window_mask(T, window)  # (T, T), True = may attend
         what = f"sliding_window_mask_by_hand(T={T}, window={window})"
         got = _bool_mask(call(sliding_window_mask_by_hand, T, window), what, (T, T))
