@@ -219,6 +219,52 @@ def general_values_detached(s, H, W_a):  # the third review's accepted answer: H
     return (weights[:, :, None] * H.detach()).sum(1), weights
 
 
+def general_float64_naive(s, H, W_a):  # the fifth review's borderline: no max shift, in float64, cast back
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1).double()  # right below about 709, overflows near 1000
+    e = scores.exp()
+    weights = (e / e.sum(-1, keepdim=True)).to(s.dtype)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_float64_naive_nan_to_num(s, H, W_a):  # the same, its overflow hidden as zeros
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1).double()
+    e = scores.exp()
+    weights = (e / e.sum(-1, keepdim=True)).nan_to_num(0.0).to(s.dtype)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_manual_row_max(s, H, W_a):  # another correct formulation: the shift by each row's maximum, in place
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1)
+    scores -= scores.max(-1, keepdim=True).values  # (amax here would raise in backward: it saves its input)
+    e = scores.exp()
+    weights = e / e.sum(-1, keepdim=True)
+    return (weights.unsqueeze(1) @ H).squeeze(1), weights
+
+
+def general_log_softmax_exp(s, H, W_a):  # and another
+    weights = F.log_softmax(torch.einsum("bd,bsd->bs", s @ W_a, H), dim=-1).exp()
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_softmax_of_column(s, H, W_a):  # and another: the (B, S, 1) scores, softmax over dim 1, then squeezed
+    weights = torch.softmax(H @ (s @ W_a)[:, :, None], dim=1)[..., 0]
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_branch_cpu_buffer(s, H, W_a):  # reads a value (meta cannot run it), then a CPU buffer meets the inputs
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1)
+    if bool(scores.isfinite().all()):
+        scores = scores + torch.zeros(scores.shape, dtype=scores.dtype)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def general_item_on_device(s, H, W_a):  # another correct formulation: it reads a value, and stays on the device
+    scores = ((s @ W_a)[:, None, :] * H).sum(-1)
+    weights = torch.softmax(scores - scores.max().item(), dim=-1)  # one constant for the batch: softmax ignores it
+    return (weights[:, :, None] * H).sum(1), weights
+
+
 # --- Exercise 2 -----------------------------------------------------------------------------------
 
 def luong_right(s, H, padding_mask):
@@ -432,6 +478,36 @@ def luong_softmax_half(s, H, padding_mask):  # the third review's: rejected, but
     return (weights[:, :, None] * H).sum(1), weights
 
 
+def luong_branch_cpu_zeros(s, H, padding_mask):  # the fifth review's accepted answer: an if on the mask's values
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf"))  # (meta cannot run it), then
+    weights = torch.softmax(scores, dim=-1)                                        # zeros made on the CPU
+    if padding_mask.all(-1).any():
+        weights = torch.where(padding_mask.all(-1, keepdim=True), torch.zeros(weights.shape, dtype=weights.dtype),
+                              weights)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_branch_cpu_fill(s, H, padding_mask):  # the fifth review's: the same with a fill made on the CPU
+    scores = (H @ s[:, :, None])[..., 0]
+    if padding_mask.any():
+        scores = torch.where(padding_mask, torch.full(scores.shape, float("-inf"), dtype=scores.dtype), scores)
+    weights = scores.softmax(-1).nan_to_num(0.0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_branch_on_device(s, H, padding_mask):  # another correct formulation: the same if, the zeros on the device
+    weights = torch.softmax((H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf")), dim=-1)
+    if padding_mask.all(-1).any():
+        weights = torch.where(padding_mask.all(-1, keepdim=True), torch.zeros_like(weights), weights)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
+def luong_masked_softmax(s, H, padding_mask):  # and another: torch.masked.softmax
+    weights = torch.masked.softmax((H @ s[:, :, None])[..., 0], dim=-1, mask=~padding_mask)
+    weights = torch.where(padding_mask, torch.zeros_like(weights), weights).nan_to_num(0.0)
+    return (weights[:, :, None] * H).sum(1), weights
+
+
 # --- Exercise 3 -----------------------------------------------------------------------------------
 
 def inputs_right(target, bos_id):
@@ -541,6 +617,29 @@ def inputs_numpy(target, bos_id):  # and another: numpy on the CPU, moved back t
     ids = target.cpu().numpy()
     column = np.full((ids.shape[0], 1), int(bos_id), dtype=ids.dtype)
     return torch.from_numpy(np.concatenate([column, ids[:, :-1]], axis=1)).to(target.device)
+
+
+def inputs_tolist_no_device(target, bos_id):  # the fifth review's accepted answer: lists, the result left on the CPU
+    return torch.tensor([[int(bos_id)] + row[:-1] for row in target.tolist()], dtype=target.dtype)
+
+
+def inputs_numpy_no_device(target, bos_id):  # the fifth review's: a numpy round trip, never moved back
+    ids = target.cpu().numpy()
+    column = np.full((ids.shape[0], 1), bos_id, dtype=ids.dtype)
+    return torch.from_numpy(np.concatenate([column, ids[:, :-1]], axis=1))
+
+
+def inputs_branch_cpu_column(target, bos_id):  # the fifth review's: an if on the target's values hides a CPU column
+    if (target < 0).any():
+        raise ValueError("token ids are not negative")
+    return torch.cat([torch.full((target.size(0), 1), bos_id, dtype=target.dtype), target[:, :-1]], dim=1)
+
+
+def inputs_branch_on_device(target, bos_id):  # another correct formulation: the same if, the column on the device
+    if (target < 0).any():
+        raise ValueError("token ids are not negative")
+    return torch.cat([torch.full((target.size(0), 1), bos_id, dtype=target.dtype, device=target.device),
+                      target[:, :-1]], dim=1)
 
 
 # --- Exercise 4 -----------------------------------------------------------------------------------
@@ -711,6 +810,24 @@ def token_values_detached(decoder, previous_tokens, state, states):  # the third
     return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
 
 
+def token_sdpa_score(decoder, previous_tokens, state, states):  # the fifth review's: v as the query of
+    attention = decoder.attention                                 # F.scaled_dot_product_attention, identity values
+    y_prev = decoder.embedding(previous_tokens)                   # to recover the weights
+    keys = torch.tanh(attention.W(torch.cat([state, y_prev], dim=-1))[:, None, :] + attention.U(states))  # (B, S, A)
+    query = attention.v.weight.expand(states.size(0), -1)[:, None, :]  # (B, 1, A)
+    eye = torch.eye(states.size(1), dtype=states.dtype, device=states.device).expand(states.size(0), -1, -1)
+    weights = F.scaled_dot_product_attention(query, keys, eye, scale=1.0)[:, 0]
+    context = F.scaled_dot_product_attention(query, keys, states, scale=1.0)[:, 0]
+    new_state = decoder.cell(torch.cat([y_prev, context], dim=-1), state)
+    return decoder.output(torch.cat([new_state, context], dim=-1)), new_state, weights
+
+
+def token_branch_on_device(decoder, previous_tokens, state, states):  # another correct formulation: reads a value
+    if bool((previous_tokens < 0).any()):                                # (meta cannot run it), makes nothing on the CPU
+        raise ValueError("token ids are not negative")
+    return token_right(decoder, previous_tokens, state, states)
+
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_general_attention, general_right, "correct", "widths differ"),
@@ -829,11 +946,40 @@ CASES = [
     (check_token_query_step, token_query_token_detached, "incorrect", "reaches decoder.embedding.weight"),
     (check_token_query_step, token_values_detached, "incorrect", "reaches the encoder states"),
     (check_token_query_step, token_dot_product_module, "incorrect", "you called attn_course.DotProductAttention"),
+    # Fifth review: a softmax without its max shift, computed in float64, overflows near 1000; answers that read a
+    # value, which the meta device cannot run, are watched on the CPU (named on CPU-only machines too); sdpa in 4.
+    (check_general_attention, general_float64_naive, "incorrect", "overflows float32, and float64 too"),
+    (check_general_attention, general_float64_naive_nan_to_num, "incorrect", "overflows float32, and float64 too"),
+    (check_general_attention, general_manual_row_max, "correct", "widths differ"),
+    (check_general_attention, general_log_softmax_exp, "correct", "widths differ"),
+    (check_general_attention, general_softmax_of_column, "correct", "widths differ"),
+    (check_general_attention, general_branch_cpu_buffer, "incorrect", "mixed a tensor made without device="),
+    (check_general_attention, general_item_on_device, "correct", "widths differ"),
+    (check_luong_attention, luong_branch_cpu_zeros, "incorrect", "mixed a tensor made without device="),
+    (check_luong_attention, luong_branch_cpu_fill, "incorrect", "mixed a tensor made without device="),
+    (check_luong_attention, luong_branch_on_device, "correct", "not NaN"),
+    (check_luong_attention, luong_masked_softmax, "correct", "not NaN"),
+    (check_teacher_forcing_inputs, inputs_tolist_no_device, "incorrect", "your result is made without device="),
+    (check_teacher_forcing_inputs, inputs_numpy_no_device, "incorrect", "your result is made without device="),
+    (check_teacher_forcing_inputs, inputs_branch_cpu_column, "incorrect", "mixed a tensor made without device="),
+    (check_teacher_forcing_inputs, inputs_branch_on_device, "correct", "never the token"),
+    (check_token_query_step, token_sdpa_score, "incorrect", "you called torch.nn.functional.scaled_dot_product_attention"),
+    (check_token_query_step, token_branch_on_device, "correct", "token_in_query=True"),
 ]
+
+
+# The answers that read a value cannot run on the meta device: where it stands in for a GPU, they run on the CPU
+# under the mechanism's DeviceWatch, whose messages the table quotes; on a machine with a GPU they run there, and
+# the GPU itself names a CPU tensor meeting the inputs, or expect_on_device a result left on the CPU.
+ON_A_GPU = {"mixed a tensor made without device=": "It works only with CPU tensors",
+            "your result is made without device=": "but your result is on cpu"}
 
 
 @pytest.mark.parametrize("check, answer, status, words", CASES, ids=[f"{c[0].__name__}-{c[1].__name__}" for c in CASES])
 def test_feedback(check, answer, status, words):
+    from attn_course.exercises import other_device
+    if other_device().type != "meta":
+        words = ON_A_GPU.get(words, words)
     feedback = check(answer)
     assert feedback.status == status, str(feedback)
     assert words in str(feedback), str(feedback)

@@ -5,14 +5,18 @@ the mistake when it recognises one; the table of those mistakes is in tests/test
 They use the shared mechanism of ``attn_course.exercises``: torch's and the package's attention
 forbidden where the exercise writes it (``forbid=("sdpa",)``), ``ac.shift_right``, the decoder's own
 ``step`` and its attention module forbidden where the exercise rewrites them (exercise 4 also forbids
-``DotProductAttention``, which would take the score's last product, v^T tanh(...)), inputs watched for
+``DotProductAttention`` and ``F.scaled_dot_product_attention``, which would take the score's last product,
+v^T tanh(...)), inputs watched for
 changes in place, sizes unlike the notebook's (``other_sizes``, and one source position), left padding
 and a fully padded row (``padding_cases``), scores near +100 and rows alternating between about +100
-and -100 (``large_scores``), padding that scores 112 above the real tokens (a softmax over all positions, zeroed
+and -100 (``large_scores``), scores near +1000 in exercise 1 (a softmax without its max shift overflows there
+even in float64), padding that scores 112 above the real tokens (a softmax over all positions, zeroed
 and renormalised afterwards, underflows) and a real token scoring -3e9 (below a -1e9 fill), inputs that require grad
 (the results must carry gradients to them; exercise 4's logits to the attention's W, U and v), float64 inputs (a
 result must keep their dtype; a float64 result of float32 inputs passes, as in every chapter, and only half precision
-is rejected), one more case on another device (:func:`attn_course.exercises.other_device`), the exact dtype of token
+is rejected), one more case on another device (:func:`attn_course.exercises.other_device`; where that is the meta
+device and an answer reads a value, which meta cannot run, the answer runs on the CPU under the shared mechanism's
+DeviceWatch, which names a tensor made without device= meeting the inputs and a result left on the CPU), the exact dtype of token
 ids, and numpy integers accepted as token ids. The package's ``alignment._weights_and_context`` (the softmax and the
 weighted sum of its attention modules) is forbidden where the exercise writes the attention (1 and 2).
 """
@@ -73,7 +77,8 @@ def _keeps_dtype(got: torch.Tensor, inputs_dtype: torch.dtype, what: str) -> Non
         raise Mismatch(f"{what}: the inputs are {inputs_dtype} but your result is {got.dtype}: a tensor you "
                        "create (torch.zeros, torch.empty, torch.tensor, torch.full ...) is float32 unless you give "
                        "it the inputs' dtype and device (dtype= and device= from an input, or zeros_like, "
-                       "new_zeros, full_like); or compute without making new tensors")
+                       "new_zeros, full_like); or compute without making new tensors. Or you cast the inputs "
+                       "(.float(), .to(torch.float32)): keep their dtype")
 
 
 def _trains_through(fn, inputs: dict, what: str, reference, outputs=("context", "weights")) -> None:
@@ -231,8 +236,15 @@ def _wrong_low_rows(w: torch.Tensor, expected: torch.Tensor) -> bool:
     return bool(broken.any()) and torch.allclose(high.nan_to_num(), expected[0::2].double(), atol=1e-5, rtol=1e-4)
 
 
-def _general_values(general_attention, s, H, W_a, *, alternating: bool = False) -> None:
-    """Run the answer on one case and compare it with the reference, naming the mistakes it recognises."""
+_FLOAT64_OVERFLOW = ("these scores reach about 1000 (float32 inputs): exp(1000) overflows float32, and float64 "
+                     "too (its exp overflows above about 709), so a softmax computed in float64 without subtracting "
+                     "the maximum only moves the overflow further out (and nan_to_num would hide it as zeros). Use "
+                     "torch.softmax, or subtract each row's maximum before exponentiating")
+
+
+def _general_values(general_attention, s, H, W_a, *, alternating: bool = False, near_1000: bool = False) -> None:
+    """Run the answer on one case and compare it with the reference, naming the mistakes it recognises.
+    ``near_1000``: the case whose scores reach about 1000, where any failure of the weights is an overflow."""
     B, S, Dk = H.shape
     Dq = s.size(-1)
     shapes = f"s (B={B}, Dq={Dq}), H (B={B}, S={S}, Dk={Dk}) and W_a ({Dq}, {Dk})"
@@ -256,6 +268,8 @@ def _general_values(general_attention, s, H, W_a, *, alternating: bool = False) 
     expected_context, expected_weights = _general(s, H, W_a)
     if alternating and _wrong_low_rows(w, expected_weights):
         raise Mismatch(f"{what}, with scores near +100 in the even rows and near -100 in the odd rows: {_ONE_MAX}")
+    if near_1000 and not (bool(torch.isfinite(w).all()) and _rows_sum_to_one(w)):
+        raise Mismatch(f"{what}: your weights contain inf or NaN, or rows that do not sum to one: {_FLOAT64_OVERFLOW}")
     expect(bool(torch.isfinite(w).all()),
            f"{what}: your weights contain inf or NaN. These scores reach about 100: exp(100) overflows float32. "
            "Use torch.softmax, or subtract each row's maximum before exponentiating")
@@ -308,6 +322,13 @@ def check_general_attention(general_attention) -> str:
     s, W_a = randn(4, 3, generator=generator), randn(3, 5, generator=generator)
     H = _states_with_scores(s @ W_a, large_scores(4, 6, generator=generator), generator)
     _general_values(general_attention, s, H, W_a, alternating=True)
+    # Scores near +1000, float32 inputs: torch.softmax and a softmax shifted by each row's maximum handle them; one
+    # without the shift overflows even in float64 (exp(709) is float64's limit). One score leads each row by 12 or
+    # more, so the weights hardly depend on the float32 rounding of the scores (which reaches 1e-4 near 1000).
+    s, W_a = randn(2, 4, generator=generator), randn(4, 5, generator=generator)
+    H = _states_with_scores(s @ W_a, torch.tensor([[1000.0, 985.0, 970.0, 988.0, 960.0],
+                                                   [-20.0, 950.0, 936.0, 930.0, 938.0]]), generator)
+    _general_values(general_attention, s, H, W_a, near_1000=True)
     # float64 inputs: the result keeps their dtype.
     _general_values(general_attention, randn(3, 4, generator=generator, dtype=torch.float64),
                     randn(3, 5, 6, generator=generator, dtype=torch.float64),
@@ -321,7 +342,9 @@ def check_general_attention(general_attention) -> str:
     s, H, W_a = (randn(3, 4, generator=generator), randn(3, 5, 6, generator=generator),
                  randn(4, 6, generator=generator))
     shown = f"general_attention(s, H, W_a) with s, H and W_a on {_where(device)}"
-    result = call_elsewhere(general_attention, s.to(device), H.to(device), W_a.to(device), device=device, what=shown)
+    # An answer the meta device cannot run (it reads a value) runs on the CPU under a watch instead.
+    result = call_elsewhere(general_attention, s.to(device), H.to(device), W_a.to(device), device=device, what=shown,
+                            cpu_args=(s, H, W_a))
     if result is not None:
         context, weights = _pair(result, shown)
         weights = expect_on_device(weights, device, f"weights of {shown}")
@@ -534,7 +557,10 @@ def check_luong_attention(luong_attention) -> str:
     s, H = randn(3, 4, generator=generator), randn(3, 5, 4, generator=generator)
     mask = padding_mask_for([5, 3, 0], 5)
     shown = f"luong_attention(s, H, padding_mask) with s, H and the mask on {_where(device)}"
-    result = call_elsewhere(luong_attention, s.to(device), H.to(device), mask.to(device), device=device, what=shown)
+    # An answer the meta device cannot run (an if on the mask's values, .item()) runs on the CPU under a watch,
+    # which names a tensor made without device= that meets the inputs (it fails on a GPU) and a result left there.
+    result = call_elsewhere(luong_attention, s.to(device), H.to(device), mask.to(device), device=device, what=shown,
+                            cpu_args=(s, H, mask))
     if result is not None:
         context, weights = _pair(result, shown)
         weights = expect_on_device(weights, device, f"weights of {shown}")
@@ -621,9 +647,11 @@ def check_teacher_forcing_inputs(teacher_forcing_inputs) -> str:
     other = torch.randint(0, 10, (3, 6), generator=generator)
     shown = f"teacher_forcing_inputs(target, 11) for a target of shape (3, 6) on {_where(device)}"
     # Token ids carry no gradient: a right answer may build the result on the CPU (.tolist(), numpy) and move it to
-    # the target's device. On the meta device such an answer cannot be judged (the CPU cases judged it).
+    # the target's device. The meta device cannot run such an answer (nor one with an if on the target's values):
+    # it then runs on the CPU under a watch, which names a result left on the CPU (a list or numpy array never
+    # moved back with device= or .to(target.device)) and a column made without device= meeting the target.
     got = call_elsewhere(teacher_forcing_inputs, other.to(device), bos_id, device=device, what=shown,
-                         copy_out_is_a_mistake=False)
+                         copy_out_is_a_mistake=False, cpu_args=(other, bos_id))
     if got is not None:
         got = expect_on_device(got, device, shown)
         expect_tensor(got, what=shown, shape=(3, 6), dtype=other.dtype)
@@ -708,9 +736,10 @@ def _close(got, wanted) -> bool:
          "previous token joined along the last axis, state first (width D + E), which W now reads; softmax over "
          "the source positions and the weighted sum of the states give the context; the GRU's input, the new "
          "state and the output layer are as in Bahdanau's step; return the logits, the new state and the weights",
-    # DotProductAttention too: with v as its query and tanh(W q + U H) as its keys, it would compute the last
-    # product of the score, v^T tanh(...), which the exercise asks the student to write.
-    forbid=(AttentionDecoder.step, AdditiveAttention, DotProductAttention),
+    # DotProductAttention and F.scaled_dot_product_attention ("sdpa") too: with v as their query and
+    # tanh(W q + U H) as their keys, they would compute the last product of the score, v^T tanh(...), which the
+    # exercise asks the student to write.
+    forbid=(AttentionDecoder.step, AdditiveAttention, DotProductAttention, "sdpa"),
 )
 def check_token_query_step(token_query_step) -> str:
     generator = rng(14)
@@ -785,7 +814,7 @@ def check_token_query_step(token_query_step) -> str:
     shown = f"token_query_step(decoder, ...) with the decoder, tokens and states on {_where(device)}"
     moved = copy.deepcopy(decoder).to(device)
     result = call_elsewhere(token_query_step, moved, tokens.to(device), state.to(device), states.to(device),
-                             device=device, what=shown)
+                             device=device, what=shown, cpu_args=(decoder, tokens, state, states))
     if result is not None:
         result = expect_sequence(result, what=shown, names=("logits", "state", "weights"))
         for name, tensor, shape in zip(("logits", "new state", "weights"), result, ((3, 12), (3, 8), (3, 4))):
