@@ -295,6 +295,9 @@ def test_self_attention_by_hand_written_differently_passes():
         (lambda p: torch.eye(len(p), dtype=p.dtype) - p[None, :], "log-softmax"),
         (lambda p: torch.autograd.functional.jacobian(lambda s: torch.softmax(s, 0), p), "derive the Jacobian by hand"),
         (lambda p: torch.diag(p) - torch.outer(p, p.mul_(1.0001)), "changed its input `p` in place"),
+        # the fifth review: values kept, version changed (exercises 1 and 3 reject this too)
+        (lambda p: torch.diag(p.mul_(1.0)) - torch.outer(p, p), "your function changed p in place"),
+        (lambda p: (lambda q: torch.diag(q) - torch.outer(q, q))(p.clamp_(0.0, 1.0)), "your function changed p in place"),
         (lambda p: (torch.diag(p) - torch.outer(p, p)).half(), "float16 but the inputs were"),
         (lambda p: torch.diag(p) - torch.outer(p, p) if len(p) == 5 else torch.zeros(len(p), len(p)), "values differ"),
     ],

@@ -9,8 +9,8 @@ exercise 1, the softmax, autograd (backward and forward mode) and the exponentia
 finite differences need in exercise 2 (which also runs once on a p with one tiny probability, where a finite
 difference's change is lost to rounding, by whatever route it computes the exponential; a complex-step
 derivative in numpy is exact to rounding and is not caught, and the notebook says so), inputs watched for
-changes in place (exercises 1 and 3 also name an in-place operation on an input that leaves its values as they
-were, x.mul_(1.0)), results' dtype and device. Exercises 1, 2 and 3 run once more on another device (the GPU,
+changes in place (exercises 1, 2 and 3 also name an in-place operation on an input that leaves its values as
+they were, x.mul_(1.0)), results' dtype and device. Exercises 1, 2 and 3 run once more on another device (the GPU,
 or PyTorch's meta device): a tensor made on the CPU is named, and so, in exercise 3, is a scale kept as a plain
 tensor attribute of the module, which module.to(device) leaves behind. ``keys.T`` on a batch fails with PyTorch's own error, and
 exercise 3's hint names the fix. The table of wrong answers is in tests/test_exercises_ch03.py.
@@ -202,8 +202,11 @@ def check_softmax_jacobian(softmax_jacobian) -> str:
     norms = []
     for what, p in cases.items():
         expected = torch.autograd.functional.jacobian(lambda s: torch.softmax(s, dim=0), torch.log(p))  # (S, S)
+        version = p._version
         with forbidden("softmax", *_AUTOGRAD_ROUTES, reason=_DERIVE), forbidden(*_RECOMPUTE_ROUTES, reason=_FROM_P):
             answer = call(softmax_jacobian, p)
+        # as in exercises 1 and 3: p.mul_(1.0) leaves the values as they were, not the version
+        _expect_untouched(p, version, what, name="p", who="your function")
         got = expect_tensor(answer, what=what, shape=(p.numel(), p.numel()), dtype="float", convert=True)
         if p.numel() > 1:
             tolerance = 1e-6 if p.dtype == torch.float64 else 1e-5
