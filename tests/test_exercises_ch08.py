@@ -583,6 +583,95 @@ def test_more_wrong_cache_steps():
         assert text in feedback.message, feedback.message
 
 
+# --- the fifth review's accepted answers: tensors made without device= in exercises 1 and 3, and finite mask
+# fills in exercise 5 --------------------------------------------------------------------------------------------
+
+def update_zeros_on_cpu(running_max, running_sum, block):
+    """Wrong on a GPU (fifth review): the factor for the starting state made with torch.zeros(R), on the CPU."""
+    new_max = torch.maximum(running_max, block.amax(-1))
+    scale = torch.where(torch.isinf(running_max), torch.zeros(running_max.shape[0], dtype=running_max.dtype),
+                        torch.exp(running_max - new_max))
+    return new_max, running_sum * scale + torch.exp(block - new_max[:, None]).sum(-1)
+
+
+def update_in_numpy(running_max, running_sum, block):
+    """Wrong on a GPU: numpy without .cpu() (a GPU tensor cannot be converted), and CPU results."""
+    m, s, b = running_max.numpy(), running_sum.numpy(), block.numpy()
+    new_max = np.maximum(m, b.max(-1))
+    with np.errstate(invalid="ignore"):
+        factor = np.where(np.isinf(m), 0.0, np.exp(m - new_max))
+    return torch.from_numpy(new_max), torch.from_numpy(s * factor + np.exp(b - new_max[:, None]).sum(-1))
+
+
+def update_through_numpy_and_back(running_max, running_sum, block):
+    """Right: numpy on CPU copies, the results put back on the inputs' device."""
+    m, s, b = (x.detach().cpu().numpy() for x in (running_max, running_sum, block))
+    new_max = np.maximum(m, b.max(-1))
+    with np.errstate(invalid="ignore"):
+        factor = np.where(np.isinf(m), 0.0, np.exp(m - new_max))
+    new_sum = s * factor + np.exp(b - new_max[:, None]).sum(-1)
+    return torch.from_numpy(new_max).to(block.device), torch.from_numpy(new_sum).to(block.device)
+
+
+def merge_zeros_on_cpu(state_a, state_b):
+    """Wrong on a GPU (fifth review): the 0 that stands in for an infinite maximum made without device=."""
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    reference = torch.where(torch.isfinite(m), m, torch.zeros(m.shape, dtype=m.dtype))
+    scale_a, scale_b = torch.exp(m_a - reference), torch.exp(m_b - reference)
+    return m, l_a * scale_a + l_b * scale_b, acc_a * scale_a[:, None] + acc_b * scale_b[:, None]
+
+
+def cache_step_with_fill(fill, additive=False):
+    """A hand-written step whose blocked scores are replaced by (or, additive, lowered by) ``fill``."""
+    def step(query, key, value, cache_keys, cache_values, length):
+        T, S = query.size(2), length + query.size(2)
+        cache_keys[:, :, length:S], cache_values[:, :, length:S] = key, value
+        scores = query @ cache_keys[:, :, :S].transpose(-2, -1) / math.sqrt(query.size(-1))  # (B, H, T, S)
+        blocked = (torch.arange(S, device=query.device)[None, :]
+                   > length + torch.arange(T, device=query.device)[:, None])  # (T, S): True = a later token
+        value = torch.finfo(scores.dtype).min if fill == "min" else fill  # "min": the smallest number of the dtype
+        scores = scores + torch.zeros_like(scores).masked_fill(blocked, value) if additive else scores.masked_fill(blocked, value)
+        return torch.softmax(scores, dim=-1) @ cache_values[:, :, :S]
+    return step
+
+
+@pytest.mark.parametrize(
+    "check, answer, text",
+    [
+        (check_online_softmax_update, update_zeros_on_cpu, "works only with CPU tensors"),
+        (check_online_softmax_update, update_in_numpy, "numpy holds only CPU data"),
+        (check_merge_states, merge_zeros_on_cpu, "works only with CPU tensors"),
+        (check_cache_attention_step, cache_step_with_fill(-100.0), "a finite fill such as -100"),
+        (check_cache_attention_step, cache_step_with_fill(-1e3), "a finite fill such as -100"),
+        (check_cache_attention_step, cache_step_with_fill(-1e4), "a finite fill such as -100"),
+        (check_cache_attention_step, cache_step_with_fill(-100.0, additive=True), "lowers the blocked scores by a fixed amount"),
+        (check_cache_attention_step, cache_step_with_fill(-1e4, additive=True), "lowers the blocked scores by a fixed amount"),
+    ],
+)
+def test_fifth_review_wrong_answers_are_explained(check, answer, text):
+    feedback = check(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert text in feedback.message, feedback.message
+    assert "Hint:" in str(feedback)
+
+
+def test_a_result_copied_to_the_cpu_is_not_judged_on_the_meta_device():
+    # x.cpu() cannot copy out of a meta tensor, and a right answer may copy to numpy and back (.to(device)): the
+    # meta device leaves such answers to the CPU cases (a GPU names a CPU result: expect_on_device).
+    feedback = check_merge_states(lambda a, b: tuple(x.cpu() for x in merge(a, b)))
+    assert feedback.status == ("correct" if ac.get_device().type == "cpu" else "incorrect"), str(feedback)
+
+
+def test_fifth_review_right_answers_pass():
+    assert check_online_softmax_update(update_through_numpy_and_back), str(check_online_softmax_update(update_through_numpy_and_back))
+    for fill in (float("-inf"), "min"):  # the course's fills: -inf, or the smallest number of the scores' dtype
+        answer = cache_step_with_fill(fill)
+        assert check_cache_attention_step(answer), str(check_cache_attention_step(answer))
+    answer = cache_step_with_fill(float("-inf"), additive=True)
+    assert check_cache_attention_step(answer), str(check_cache_attention_step(answer))
+
+
 def test_a_maximum_over_the_wrong_axis_is_not_accepted():
     feedback = check_online_softmax_update(lambda m, s, b: update(m, s, b, axis=0))  # crashes on (3,) vs (4,)
     assert feedback.status == "error" and "RuntimeError" in feedback.message

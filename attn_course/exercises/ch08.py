@@ -6,12 +6,15 @@ tests/test_exercises_ch08.py. They use the shared mechanism of ``attn_course.exe
 softmaxes and attention forbidden where the exercise asks for the loop itself, inputs watched for
 changes in place (the cache buffers of exercise 5 are ``mutable``), results' kind of dtype and
 device, sizes unlike the notebook's, scores near 100 in float32 (``large_scores``) and near 1000 in
-float64, where an online softmax without its max shift overflows, and one case of exercises 2 and 5 on
+float64, where an online softmax without its max shift overflows, and one case of exercises 1, 2, 3 and 5 on
 another device (``other_device``: the notebook's GPU, else the meta device). Exercise 2 also counts the
 matrix products and the exponentials of the answer: a loop over k tiles takes at least k of the latter,
 and an online one takes its first exponential before the second tile's scores (an answer that computes
 every tile's scores before any exponential took the maximum over all of them first: two passes). Exercise 5
-has a float32 run whose scores lie near 100, where a softmax written without its max shift overflows.
+has a float32 run whose scores lie near 100, where a softmax written without its max shift overflows, a float64
+run whose scores all lie near -20000, below any finite mask fill (-100, -1e3, -1e4: the blocked keys then take the
+weight), and a float64 run in which each later key scores about 3000 more than the one before, where a mask that
+subtracts a fixed amount from the blocked scores lets them through.
 """
 
 from __future__ import annotations
@@ -125,6 +128,27 @@ def check_online_softmax_update(update) -> str:
                      what=f"{what}: max + log(sum) after all blocks (it must equal torch.logsumexp)",
                      atol=1e-4 if rows.dtype == torch.float32 else (1e-3 if final_sum.dtype == torch.float32 else None))
         # float32 (inputs or a float32 result of float64 ones, which passes): log of a sum of up to 8 terms near 1000
+    # Another device: the notebook's GPU, or the meta device (a tensor made without device= is named), from the
+    # starting state, so that an answer that treats running_max = -inf apart takes that branch there too.
+    device = other_device()
+    rows = randn(2, 6, generator=generator, dtype=torch.float32)
+    shown = ("update(...) on a stream of 2 rows of 6 float32 scores in blocks of 3, from running_max = -inf and "
+             f"running_sum = 0, with every tensor on the {device.type} device")
+    state = (torch.full((2,), float("-inf"), device=device), torch.zeros(2, device=device))
+    for start in (0, 3):
+        result = call_elsewhere(update, state[0], state[1], rows[:, start:start + 3].to(device), device=device,
+                                what=shown, copy_out_is_a_mistake=False)  # .cpu() ... .to(device) is right on a GPU
+        if result is None:  # the meta device cannot judge it (it needed values): the CPU streams above did
+            break
+        state = tuple(expect_on_device(x, device, f"{shown}: {name}", dtype="float")
+                      for x, name in zip(_pair(result, shown), ("new_max", "new_sum")))
+    else:
+        for x, name in zip(state, ("the final running maximum", "the final running sum")):
+            expect_tensor(x, what=f"{shown}: {name}", shape=(2,))
+        if device.type != "meta":  # meta tensors have no values to compare
+            expect_close(state[0], rows.amax(dim=-1).to(device), what=f"{shown}: the final running maximum")
+            expect_close(torch.log(state[1].double()) + state[0].double(), torch.logsumexp(rows.double(), dim=-1).to(device),
+                         what=f"{shown}: max + log(sum) after all blocks (it must equal torch.logsumexp)", atol=1e-4)
     return ("streaming the blocks through your update gives the exact softmax normaliser (torch.logsumexp), also for "
             "float32 scores near 100 and float64 scores near 1000.")
 
@@ -460,6 +484,23 @@ def check_merge_states(merge) -> str:
         m, l, acc = _merged(merge, x, y, what, R, Dv)
         _expect_the_maximum(m, scores.amax(dim=-1), what)
         _expect_exact(m, l, acc, live, exact, lse, what)
+    # Another device: the notebook's GPU, or the meta device (a tensor made without device= is named). Row 4 saw
+    # nothing on either side, so an answer that puts 0 in place of an infinite maximum has a row to do it for.
+    device = other_device()
+    a, b = _state(scores[:, :7], values[:7]), _state(scores[:, 7:], values[7:])
+    shown = (f"merge(state_a, state_b) with keys 0..6 in state_a and 7..{S - 1} in state_b, every tensor on the "
+             f"{device.type} device")
+    result = call_elsewhere(merge, tuple(x.to(device) for x in a), tuple(x.to(device) for x in b), device=device,
+                            what=shown, copy_out_is_a_mistake=False)  # .cpu() ... .to(device) is right on a GPU
+    if result is not None:
+        got = tuple(expect_on_device(x, device, f"{shown}: {name}", dtype="float")
+                    for x, name in zip(_triple(result, shown), ("m", "l", "acc")))
+        for x, name, shape in zip(got, ("m", "l", "acc"), ((R,), (R,), (R, Dv))):
+            expect_tensor(x, what=f"{shown}: {name}", shape=shape)
+        if device.type != "meta":  # meta tensors have no values to compare
+            m, l, acc = (x.detach().double().cpu() for x in got)
+            acc._from_float32 = any(x.dtype == torch.float32 for x in got)
+            _expect_exact(m, l, acc, live, exact, lse, shown)
     return ("two partial states merge exactly, and merge again: attention over a long cache can be split among workers "
             "and combined at the end (the idea of Flash-Decoding), and FlashAttention's loop is this merge, one block at a "
             "time.")
@@ -580,6 +621,18 @@ def _cache_reference(query, key, value, cache_keys, cache_values, length, mask="
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, scale=scale)  # (B, H, T, D)
 
 
+def _finite_fill_reference(query, key, value, cache_keys, cache_values, length, fill=-100.0):
+    """The step with the blocked scores filled with a finite value: where every real score lies far below it (near
+    -20000), the blocked keys share the weight, whatever finite fill above the scores it was."""
+    T = query.size(2)
+    keys, values = cache_keys.clone(), cache_values.clone()
+    keys[:, :, length:length + T], values[:, :, length:length + T] = key, value
+    keys, values = keys[:, :, :length + T].double(), values[:, :, :length + T].double()  # (B, H, S, D)
+    scores = query.double() @ keys.transpose(-2, -1) / math.sqrt(query.size(-1))  # (B, H, T, S)
+    allowed = causal_mask(T, length + T, align="bottom_right")  # (T, S), True = may attend
+    return torch.softmax(scores.masked_fill(~allowed, fill), dim=-1) @ values  # (B, H, T, D)
+
+
 _CACHE_MISTAKES = (
     ("whole buffer", "you attended to all max_len slots of the buffers, the empty ones too; take only the first "
                      "length + T positions"),
@@ -600,7 +653,10 @@ _CACHE_RUNS = (  # (B, H, D, max_len, dtype, steps as (first token, end)): the n
     (1, 1, 4, 9, torch.float32, ((0, 1), (1, 4), (4, 5), (5, 9))),  # one sequence, one head, float32, a full buffer
     (3, 2, 5, 11, torch.float32, ((0, 2), (2, 3), (3, 7))),  # three sequences, an odd head width
     (2, 2, 4, 10, torch.float32, ((0, 3), (3, 4), (4, 7))),  # float32 scores near 100 (see _check_cache_run)
+    (2, 2, 4, 10, torch.float64, ((0, 3), (3, 4), (4, 7))),  # float64 scores near -20000, below any finite fill
+    (1, 2, 4, 9, torch.float64, ((0, 5), (5, 6), (6, 9))),  # float64, each later key scoring 3000 more
 )
+_LARGE_RUN, _FAR_BELOW_RUN, _RISING_RUN = 3, 4, 5  # indices in _CACHE_RUNS
 
 
 @exercise(
@@ -612,7 +668,7 @@ _CACHE_RUNS = (  # (B, H, D, max_len, dtype, steps as (first token, end)): the n
 def check_cache_attention_step(cache_attention_step) -> str:
     for run, (B, H, D, max_len, dtype, steps) in enumerate(_CACHE_RUNS):
         _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed=21 + run,
-                         large=run == len(_CACHE_RUNS) - 1)
+                         large=run == _LARGE_RUN, far_below=run == _FAR_BELOW_RUN, rising=run == _RISING_RUN)
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
     device = other_device()
     generator = rng(31)
@@ -633,12 +689,18 @@ def check_cache_attention_step(cache_attention_step) -> str:
             "of ac.cached_self_attention.")
 
 
-def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed, large=False) -> None:
+def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed, large=False, far_below=False,
+                     rising=False) -> None:
     generator = rng(seed)
     tokens = steps[-1][1]
     q, k, v = (randn(B, H, tokens, D, generator=generator, dtype=dtype) for _ in range(3))  # (B, H, tokens, D)
     if large:  # coordinate 0: 10 in every query, 10 sqrt(D) in every key, so every score lies near 100
         q[..., 0], k[..., 0] = 10.0, 10.0 * math.sqrt(D)
+    if far_below:  # coordinate 0: -10 in every query, 2000 sqrt(D) in every key, so every score lies near -20000:
+        q[..., 0], k[..., 0] = -10.0, 2000.0 * math.sqrt(D)  # a finite fill (-100, -1e3, -1e4) lies above them all
+    if rising:  # coordinate 0: 10 in every query, 300 t sqrt(D) in key t, so that key t scores about 3000 t: each
+        q[..., 0] = 10.0  # later key 3000 above the one before, and a blocked score lowered by a fixed amount (minus
+        k[..., 0] = 300.0 * math.sqrt(D) * torch.arange(tokens, dtype=dtype)  # 100, or 1e4) still outranks the rest
     full = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True).to(dtype)  # (B, H, tokens, D)
     cache_keys = torch.zeros(B, H, max_len, D, dtype=dtype)  # (B, H, max_len, D): nothing stored yet
     cache_values = torch.zeros(B, H, max_len, D, dtype=dtype)
@@ -679,6 +741,13 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
                            "ac.causal_mask is True where attending is *allowed*: did you use it the other way round?")
         right = full[:, :, start:end]
         atol = 1e-6 if dtype == torch.float64 else 1e-5
+        if rising and not torch.allclose(got, right.double(), atol=atol):
+            raise Mismatch(f"{what}: keys after a query's position took the weight. Here each later key scores about "
+                           "3000 more than the one before: a mask that lowers the blocked scores by a fixed amount "
+                           "(subtracting 100 or 1e4) leaves a blocked key above the visible ones whenever its score "
+                           "is that much higher, and scores can be any number. Replace the blocked scores with "
+                           "float('-inf') (or torch.finfo(scores.dtype).min), or pass the boolean mask to "
+                           "F.scaled_dot_product_attention.")
         if not torch.allclose(got, right.double(), atol=atol):
             for name, message in _CACHE_MISTAKES:
                 mask = {"no mask": None, "whole buffer": None, "top left": "top_left", "inverted": "inverted"}.get(
@@ -687,5 +756,12 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
                                            whole=name.startswith("whole"), scale=1.0 if name == "no scale" else None)
                 if torch.allclose(got, variant.double(), atol=atol) and not torch.allclose(variant, right, atol=atol):
                     raise Mismatch(f"{what}: {message}.")
+            if far_below and torch.allclose(got, _finite_fill_reference(*new, before_keys, before_values, start),
+                                            atol=atol):
+                raise Mismatch(f"{what}: the keys your mask blocks took the weight. Every real score here lies near "
+                               "-20000, far below your fill value: a finite fill such as -100, -1e3 or -1e4 blocks a "
+                               "key only while the real scores lie far above it, and scores can be any number. Fill "
+                               "the blocked scores with float('-inf'), or torch.finfo(scores.dtype).min, which lie "
+                               "below every score (or pass the boolean mask to F.scaled_dot_product_attention).")
         expect_close(got, right, what=f"{what}: the outputs of the new tokens (they must equal causal attention over "
                                       f"all {end} tokens, at positions {start}..{end - 1})")
