@@ -1,8 +1,11 @@
 """The exercise checks of chapter 11: for each exercise, right answers written several ways and the table of
 wrong answers students plausibly write, each rejected with a message that names the mistake."""
 
+import ast
+import json
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -464,6 +467,38 @@ def scores_keys_addbmm_in_chunks(q_content, q_rope, w_uk, latents, rope_keys):
     return (torch.stack(batches) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
 
 
+def scores_keys_addr_in_chunks(q_content, q_rope, w_uk, latents, rope_keys):
+    """The fifth review's answer: each head's keys rebuilt a third of the cache at a time, one latent coordinate
+    per torch.addr (an outer product), so that no tensor is as large as a head's keys."""
+    B, H, L, D = q_content.shape
+    S, Dc = latents.shape[1], latents.shape[2]
+    out = q_content.new_empty(B, H, L, S)
+    step = max(1, S // 3)
+    for b in range(B):
+        for h in range(H):
+            w = w_uk[h * D:(h + 1) * D]  # (D, Dc)
+            for s0 in range(0, S, step):
+                s1 = min(S, s0 + step)
+                keys = q_content.new_zeros(s1 - s0, D)
+                for c in range(Dc):
+                    keys = torch.addr(keys, latents[b, s0:s1, c], w[:, c])
+                out[b, h, :, s0:s1] = q_content[b, h] @ keys.T + q_rope[b, h] @ rope_keys[b, s0:s1].T
+    return out / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_keys_by_division(q_content, q_rope, w_uk, latents, rope_keys):
+    """The fifth review's answer: one key per cached token, the product written as a division by the reciprocal."""
+    B, H, L, D = q_content.shape
+    S = latents.size(1)
+    out = q_content.new_empty(B, H, L, S)
+    for h in range(H):
+        w = w_uk[h * D:(h + 1) * D]  # (D, Dc)
+        for j in range(S):
+            key = (latents[:, j, None, :] / (1.0 / w)).sum(-1)  # (B, D): the key of token j
+            out[:, h, :, j] = (q_content[:, h] @ key[:, :, None])[..., 0] + (q_rope[:, h] @ rope_keys[:, j, :, None])[..., 0]
+    return out / math.sqrt(D + q_rope.size(-1))
+
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_cache_per_token, cache_right, "correct", "2.25 groups"),
@@ -495,6 +530,8 @@ CASES = [
     (check_absorbed_scores, scores_triple_loop, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_conv1d_per_coordinate, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_addbmm_in_chunks, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_keys_addr_in_chunks, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_keys_by_division, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_cpu_buffer, "incorrect", "make new tensors on the inputs' device"),
     (check_absorbed_scores, scores_scale_d, "incorrect", "scale is 1/sqrt(d_h + d_h^R)"),
     (check_absorbed_scores, scores_unscaled, "incorrect", "not scaled"),
@@ -576,3 +613,41 @@ def test_graded_mode_keeps_the_named_mistake_and_drops_the_hint(monkeypatch):
     feedback = check_absorbed_scores(scores_no_rope)
     assert feedback.status == "incorrect" and "rotary part q_R . k_R is missing" in str(feedback)
     assert "Hint" not in str(feedback)
+
+
+def _recorded(name):
+    """A chapter's committed notebook: its code cells' sources and printed outputs, and its markdown in one line."""
+    notebook = json.loads((Path(__file__).parents[1] / "chapters" / name).read_text())
+    code = [("".join(cell["source"]), "".join("".join(output.get("text", "")) for output in cell.get("outputs", [])))
+            for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    markdown = " ".join(" ".join("".join(cell["source"]).split()) for cell in notebook["cells"]
+                        if cell["cell_type"] == "markdown")
+    return code, markdown
+
+
+def _row(table, name):
+    """The printed losses of one row of a table, as the strings the table shows."""
+    lines = [line for line in table.splitlines() if line[:24].strip() == name]  # both tables pad names to 24
+    assert len(lines) == 1, f"no single row {name!r} in:\n{table}"
+    return lines[0].split()
+
+
+def test_chapter_10s_losses_typed_into_this_chapter_match_chapter_10s_recorded_output():
+    """Cell 40 types chapter 10's G = 1 losses by hand (MQA_LOSSES) and the prose quotes them and chapter 10's MHA
+    losses: if chapter 10 is re-executed and its table moves, this fails until chapter 11 is brought in line."""
+    ch10_code, _ = _recorded("10_grouped_query_attention.ipynb")
+    ch10_table = next(out for source, out in ch10_code if "test loss: mean (low-high)" in out)
+    ch10_mqa = _row(ch10_table, "G = 1")[-3:]  # seeds 0, 1, 2, printed with two decimals
+    ch10_mha = _row(ch10_table, "G = 8")[-3:]
+    ch11_code, ch11_markdown = _recorded("11_latent_attention.ipynb")
+    source, ch11_table = next((source, out) for source, out in ch11_code if "MQA_LOSSES = (" in source)
+    typed = next(ast.literal_eval(node.value) for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MQA_LOSSES" for t in node.targets))
+    assert [f"{loss:.2f}" for loss in typed] == ch10_mqa, (typed, ch10_mqa)
+    ch11_mha = [f"{float(loss):.2f}" for loss in _row(ch11_table, "MHA")[-4:-1]]  # seeds 0, 1, 2 (then the mean)
+    assert ch11_mha == ch10_mha, (ch11_mha, ch10_mha)  # "the same model trained with the same seeds ... as here"
+    low, high, mean = min(typed), max(typed), sum(typed) / len(typed)
+    for quoted in (f"between {low:.2f} and {high:.2f} with the same seeds in chapter 10's recorded run",
+                   f"the {mean:.2f} of chapter 10's recorded run",
+                   "ended at " + ", ".join(ch10_mha[:2]) + f" and {ch10_mha[2]}"):
+        assert quoted in ch11_markdown, quoted

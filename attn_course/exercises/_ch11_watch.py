@@ -12,7 +12,10 @@ from torch.utils.flop_counter import flop_registry  # PyTorch's FLOP formulas: m
 
 # Products that PyTorch's registry does not count (it counts two FLOPs per multiply-add for the rest).
 _PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot"}
-_ELEMENTWISE_PRODUCTS = {"mul", "mul_", "addcmul", "addcmul_"}  # what ``*``, ``torch.mul``, ``outer`` come down to
+# What ``*``, ``torch.mul``, ``outer`` come down to, and division, which multiplies by a reciprocal (``a / (1 / b)``
+# is ``a * b``): each counts one multiply-add per element when two of its operands have more than one element.
+_ELEMENTWISE_PRODUCTS = {"mul", "mul_", "addcmul", "addcmul_", "div", "div_", "addcdiv", "addcdiv_"}
+_OUTER_PRODUCTS = {"addr", "addr_"}  # addr(input, u, v) = input + outer(u, v): len(u) x len(v) multiply-adds
 
 
 class _LargestTensor(TorchDispatchMode):
@@ -20,8 +23,9 @@ class _LargestTensor(TorchDispatchMode):
     multiply-adds: those of every operation that ``torch.utils.flop_counter`` has a formula for (the matrix
     products ``mm``, ``bmm``, ``addmm``, ``baddbmm``, which ``@``, ``matmul``, ``einsum`` and
     ``nn.functional.linear`` come down to, and the convolutions of ``conv1d`` and its kin), of the products
-    it has none for (``addbmm``, ``mv``, ``addmv``, ``dot``, ``vdot``), and one per element of every
-    elementwise product of two tensors (``*`` followed by ``.sum()`` is a product too)."""
+    it has none for (``addbmm``, ``mv``, ``addmv``, ``dot``, ``vdot``, and the outer products of ``addr``), and
+    one per element of every elementwise product or quotient of two tensors (``*`` followed by ``.sum()`` is a
+    product too, and so is ``/`` by a reciprocal)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -47,6 +51,9 @@ class _LargestTensor(TorchDispatchMode):
             inner = first.shape[-1]
             self.multiply_adds += batch * inner * (first.shape[-2] if first.dim() >= 2 else 1) * (
                 second.shape[-1] if second.dim() >= 2 else 1)
+        elif name in _OUTER_PRODUCTS:
+            first, second = args[1], args[2]
+            self.multiply_adds += first.numel() * second.numel()
         elif name in _ELEMENTWISE_PRODUCTS and sum(isinstance(a, torch.Tensor) and a.numel() > 1 for a in args) >= 2:
             self.multiply_adds += max(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
         for tensor in tree_flatten(out)[0]:

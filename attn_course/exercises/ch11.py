@@ -14,9 +14,9 @@ is caught.
 Exercise 2 asks for the absorbed form, which never builds a key per head and cached token: its check
 watches every tensor that the answer creates (a ``TorchDispatchMode`` around the call) and rejects an
 answer that makes one as large as the keys of one head for every cached token, or that does as many
-multiply-adds (matrix products and elementwise products alike) as rebuilding one head's keys. It also
-forbids leaving torch (``Tensor.numpy``, ``__array__``, ``tolist``): keys built in numpy or Python lists
-would hide from that watch, on a machine with a GPU as on one without.
+multiply-adds (matrix, outer and elementwise products, and quotients of two tensors, alike) as rebuilding
+one head's keys. It also forbids leaving torch (``Tensor.numpy``, ``__array__``, ``tolist``): keys built in
+numpy or Python lists would hide from that watch, on a machine with a GPU as on one without.
 
 Results follow the course's dtype policy (``expect_close``): a float32 result of float64 inputs passes,
 half precision of float32 or float64 inputs does not; the statements ask for no particular dtype.
@@ -173,8 +173,9 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
                        "the absorbed form avoids. Multiply each head's query by its block of W_UK first (a vector of "
                        f"width {Dc}), then score it against the latents themselves")
     if watch and watcher.multiply_adds >= B * S * D * Dc:
-        raise Mismatch(f"{what}: your function did {watcher.multiply_adds:,} multiply-adds (matrix products, "
-                       f"convolutions and elementwise products), at least as many as rebuilding one head's keys "
+        raise Mismatch(f"{what}: your function did {watcher.multiply_adds:,} multiply-adds (matrix and outer "
+                       f"products, convolutions, elementwise products and quotients of two tensors), at least as many "
+                       f"as rebuilding one head's keys "
                        f"for all {S} cached tokens ({S} x "
                        f"{D} x {Dc} = {B * S * D * Dc:,}; the keys of all H = {H} heads take {B * S * H * D * Dc:,}): the absorbed "
                        "form never up-projects the cache, piece by piece or at once. Multiply each head's query by its "
