@@ -876,6 +876,8 @@ def test_call_elsewhere_watches_on_the_cpu_what_the_meta_device_cannot_run():
         elsewhere(lambda t: torch.tensor(t.tolist()), copy_out_is_a_mistake=False)  # never moved back
     with pytest.raises(ex.Mismatch, match="your result is made without device="):
         elsewhere(lambda t: (t * 2, torch.zeros(3)) if bool(t.any()) else None)  # one of two results
+    with pytest.raises(ex.Mismatch, match="your result is made without device="):
+        elsewhere(lambda t: (t * 2).cpu(), copy_out_is_a_mistake=False)  # .cpu() of a CPU tensor is itself: still named
 
 
 def test_call_elsewhere_names_a_value_read_where_the_statement_forbids_it():

@@ -55,6 +55,8 @@ class DeviceWatch(TorchFunctionMode):
         if name in READS:  # data leaves the device: what comes back is on the host
             if placed and self.read is None:
                 self.read = name
+            if name == "cpu" and isinstance(out, torch.Tensor) and out in self.placed:
+                out = out.view_as(out)  # .cpu() of a CPU tensor is the tensor itself: from a GPU it is a new one
             return out
         loose = [x for x in leaves if x not in self.placed and x.dim() > 0]
         if placed and loose and self.mixed is None and name not in CROSS_DEVICE_OK:

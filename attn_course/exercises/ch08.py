@@ -136,9 +136,12 @@ def check_online_softmax_update(update) -> str:
              f"running_sum = 0, with every tensor on the {device.type} device")
     state = (torch.full((2,), float("-inf"), device=device), torch.zeros(2, device=device))
     for start in (0, 3):
+        # .cpu() ... .to(device) is right on a GPU; where the meta device cannot run the answer (it needs values),
+        # the first step runs on CPU copies under the shared device watch, which names a CPU tensor or result.
+        here = (torch.full((2,), float("-inf")), torch.zeros(2), rows[:, start:start + 3]) if start == 0 else None
         result = call_elsewhere(update, state[0], state[1], rows[:, start:start + 3].to(device), device=device,
-                                what=shown, copy_out_is_a_mistake=False)  # .cpu() ... .to(device) is right on a GPU
-        if result is None:  # the meta device cannot judge it (it needed values): the CPU streams above did
+                                what=shown, copy_out_is_a_mistake=False, cpu_args=here)
+        if result is None:  # the meta device cannot judge the values: the CPU streams above did
             break
         state = tuple(expect_on_device(x, device, f"{shown}: {name}", dtype="float")
                       for x, name in zip(_pair(result, shown), ("new_max", "new_sum")))
@@ -491,7 +494,8 @@ def check_merge_states(merge) -> str:
     shown = (f"merge(state_a, state_b) with keys 0..6 in state_a and 7..{S - 1} in state_b, every tensor on the "
              f"{device.type} device")
     result = call_elsewhere(merge, tuple(x.to(device) for x in a), tuple(x.to(device) for x in b), device=device,
-                            what=shown, copy_out_is_a_mistake=False)  # .cpu() ... .to(device) is right on a GPU
+                            what=shown, copy_out_is_a_mistake=False,  # .cpu() ... .to(device) is right on a GPU
+                            cpu_args=(a, b))  # where meta cannot run it: on the CPU under the shared device watch
     if result is not None:
         got = tuple(expect_on_device(x, device, f"{shown}: {name}", dtype="float")
                     for x, name in zip(_triple(result, shown), ("m", "l", "acc")))
