@@ -910,3 +910,40 @@ def test_expect_close_shows_the_digits_where_two_numbers_differ():
     with pytest.raises(ex.Mismatch) as raised:  # tiny values: decimals would print 0.0000 twice
         ex.expect_close(torch.tensor([2e-5], dtype=torch.float64), torch.tensor([1e-5], dtype=torch.float64), what="x")
     assert "expected 1e-05, got 2e-05" in str(raised.value)
+
+
+def test_expect_gradients_names_an_answer_that_cannot_be_trained_through():
+    x, layer = torch.randn(2, 3), nn.Linear(3, 4)
+
+    def reference(x, layer):
+        return torch.softmax(layer(x), dim=-1)
+
+    def run(answer):
+        ex.expect_gradients(answer, (x, layer), reference, what="f(x, layer)", names=("x", "layer"))
+
+    def under_no_grad(x, layer):
+        with torch.no_grad():
+            return reference(x, layer)
+
+    def zeroed_in_place(x, layer):
+        weights = reference(x, layer)
+        weights[:, 0] = 0.0  # writes into the softmax's output, which autograd saved
+        return weights
+
+    run(reference)
+    run(lambda x, layer: torch.exp(layer(x)) / torch.exp(layer(x)).sum(-1, keepdim=True))  # right, written otherwise
+    for answer, words in ((lambda x, layer: reference(x, layer).detach(), "carries no gradient"),
+                          (under_no_grad, "carries no gradient"),
+                          (lambda x, layer: reference(x.detach(), layer), "no gradient reaches x"),
+                          (lambda x, layer: torch.softmax(x @ layer.weight.T + layer.bias.detach(), -1),
+                           "no gradient reaches layer.bias"),
+                          (lambda x, layer: torch.softmax(layer(x) + 0 * x.detach().sum(), -1) * 1.0, None),
+                          (zeroed_in_place, "backpropagating through them raised"),
+                          (lambda x, layer: reference(x, layer) * (x.sum() / x.detach().sum()),  # same values
+                           "differs from the reference's")):
+        if words is None:
+            run(answer)  # an extra detached term that adds 0 changes no gradient: right
+            continue
+        with pytest.raises(ex.Mismatch, match=words):
+            run(answer)
+    assert layer.weight.grad is None and not x.requires_grad  # the caller's tensors and module are left alone

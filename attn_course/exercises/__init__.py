@@ -101,7 +101,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..utils import get_device
-from . import _core, _device, _guards, _inputs
+from . import _core, _device, _gradients, _guards, _inputs
 from ._cases import Sizes, large_scores, other_sizes, padding_cases, padding_mask_for, randn, rng
 from ._core import ACTIVE_CHECK, ExerciseInfo, Feedback, Mismatch, NotAttempted, _StudentCodeFailed, is_graded, set_graded
 from ._guards import FAMILIES, forbidden
@@ -128,6 +128,7 @@ __all__ = [
     "expect_int",
     "expect_number",
     "expect_sequence",
+    "expect_gradients",
     "tolerance",
     "rng",
     "randn",
@@ -590,6 +591,15 @@ def expect_sequence(got: Any, *, what: str, length: int | None = None, names=Non
     if length is not None and len(got) != length:
         raise Mismatch(f"{what}: return {expected}; got {len(got)} item(s)")
     return tuple(got)
+
+
+def expect_gradients(fn: Callable, args: tuple, reference: Callable, *, what: str, names: tuple | None = None) -> None:
+    """One case with autograd on: the gradients of the answer's floating results with respect to every floating
+    input and every parameter of a module argument, along one random direction, must be ``reference``'s. Names
+    a result without gradient (``torch.no_grad()``, ``.detach()``), a ``backward()`` that raises (an in-place
+    write into a tensor autograd saved), an input no gradient reaches, and a gradient that differs (one use of an
+    input detached). See :mod:`attn_course.exercises._gradients`."""
+    _gradients.expect_gradients(fn, args, reference, what=what, names=names, call=call)
 
 
 # --------------------------------------------------------------------------------------------------
