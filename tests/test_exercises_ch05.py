@@ -1,7 +1,9 @@
 """The exercise checks of chapter 05: a right answer, written several ways, passes; each plausible wrong
 answer is rejected with a message that names the mistake (the answers the review found accepted among
 them: code that reads the notebook's globals B, T, E = 2, 5, 12, and an exercise 4 that calls ``mha``);
-a crash is reported without a traceback; the untouched scaffold counts as not attempted."""
+right values that cannot be trained through (no_grad, .detach(), the softmax's output zeroed in place) are named
+by the checks' case with autograd on; a crash is reported without a traceback; the untouched scaffold counts as
+not attempted."""
 
 import math
 
@@ -464,6 +466,47 @@ def cross_finite_fill(fill):  # the fourth review: a finite fill, the empty rows
     return answer
 
 
+# The sixth review: right values that cannot be trained through (every check now runs one case with autograd on,
+# through the shared expect_gradients)
+def cross_under_no_grad(queries, memory, mha, key_padding_mask):  # the notebook's demonstration cells run so
+    with torch.no_grad():
+        return cross_attention(queries, memory, mha, key_padding_mask)
+
+
+def cross_values_detached(queries, memory, mha, key_padding_mask):  # no gradient reaches v_proj
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    return mha.out_proj(merge_heads(torch.nan_to_num(torch.softmax(s, -1)) @ v.detach()))
+
+
+def cross_zeroed_in_place(queries, memory, mha, key_padding_mask):  # the solution's line, in place
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    weights = torch.softmax(s, -1)
+    weights.masked_fill_(key_padding_mask.all(-1)[:, None, None, None], 0.0)  # the softmax's output, saved for backward
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_zeroed_by_index(queries, memory, mha, key_padding_mask):  # the same, by an indexed assignment
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    weights = torch.softmax(s, -1)
+    weights[key_padding_mask.all(-1)] = 0.0
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_scores_filled_in_place(queries, memory, mha, key_padding_mask):  # right: in place on the scores, which
+    H = mha.num_heads                                                      # autograd did not save
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores.masked_fill_(key_padding_mask[:, None, None, :], float("-inf"))
+    weights = torch.where(key_padding_mask.all(-1)[:, None, None, None], 0.0, torch.softmax(scores, -1))
+    return mha.out_proj(merge_heads(weights @ v))
+
+
+def cross_log_softmax(queries, memory, mha, key_padding_mask):  # right: the weights as exp of the log-softmax
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    return mha.out_proj(merge_heads(torch.log_softmax(s, -1).exp().nan_to_num(0.0) @ v))
+
+
 RIGHT = [
     (check_split_heads, split_heads),
     (check_split_heads, split_unflatten),
@@ -495,6 +538,9 @@ RIGHT = [
     (check_cross_attention, cross_branch_cpu_scalar),
     (check_cross_attention, cross_finite_fill(-1e4)),
     (check_cross_attention, cross_finite_fill(None)),
+    # the sixth review: written otherwise, still trainable (in place on the scores, which autograd did not save)
+    (check_cross_attention, cross_scores_filled_in_place),
+    (check_cross_attention, cross_log_softmax),
 ]
 
 
@@ -648,6 +694,18 @@ WRONG = [
     (check_cross_attention, cross_bool_loop_cpu_tensor, "made without device="),
     (check_cross_attention, cross_finite_fill(-100.0), "a finite fill such as -100 or -1e3 is not low enough"),
     (check_cross_attention, cross_finite_fill(-1e3), "a finite fill such as -100 or -1e3 is not low enough"),
+    # the sixth review: right values that cannot be trained through (.detach() inside, torch.no_grad() around,
+    # .detach() on v, the softmax's output zeroed in place), each named by the case run with autograd on
+    (check_split_heads, lambda x, h: x.detach().unflatten(-1, (h, -1)).transpose(1, 2), "carries no gradient"),
+    (check_merge_heads, lambda c: c.detach().transpose(1, 2).flatten(2), "carries no gradient"),
+    (check_split_fused_qkv, lambda qkv, h: [t.detach().unflatten(-1, (h, -1)).transpose(1, 2) for t in qkv.chunk(3, -1)],
+     "carries no gradient"),
+    (check_cross_attention, cross_under_no_grad, "carries no gradient: it was computed under torch.no_grad()"),
+    (check_cross_attention, lambda q, m, mha, kpm: cross_attention(q, m, mha, kpm).detach(), "carries no gradient"),
+    (check_cross_attention, cross_values_detached, "was detached"),
+    (check_cross_attention, cross_zeroed_in_place, "modified by an inplace operation"),
+    (check_cross_attention, cross_zeroed_in_place, "build a new tensor instead"),
+    (check_cross_attention, cross_zeroed_by_index, "modified by an inplace operation"),
 ]
 
 

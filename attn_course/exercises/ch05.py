@@ -24,7 +24,12 @@ the answer has not run on a GPU (instead of "it keeps to the inputs' device"). B
 course's dtype rule a float32 result of float16 inputs passes (only a half-precision result of
 full-precision inputs is rejected), and so does a float32 result of float64 inputs; so Exercise 4 judges
 its float64 case at float32's tolerance whatever the result's dtype (a float64 answer that runs only its
-softmax in float32 passes, as one computed wholly in float32 does). The table of wrong answers is in tests/test_exercises_ch05.py.
+softmax in float32 passes, as one computed wholly in float32 does). Every check but Exercise 3's ends with one
+case run with autograd on, through the shared :func:`expect_gradients`: a result with the right values that cannot
+be trained through is named (computed under ``torch.no_grad()``, ``.detach()``-ed, ``v`` detached so that no
+gradient reaches ``v_proj``, or the softmax's output zeroed in place, which makes ``backward()`` raise). Exercise 4's
+gradient case has no memory that is all padding (there the softmax's gradient is NaN for the reference too).
+The table of wrong answers is in tests/test_exercises_ch05.py.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ from torch import nn
 from ..alignment import _weights_and_context
 from ..multihead import MultiHeadAttention
 from ._core import _StudentCodeFailed
-from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_on_device,
-               expect_sequence, expect_tensor, forbidden, other_device, other_sizes, padding_cases, padding_mask_for,
+from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_gradients, expect_int,
+               expect_on_device, expect_sequence, expect_tensor, forbidden, other_device, other_sizes, padding_cases, padding_mask_for,
                randn, rng, tolerance)
 
 __all__ = [
@@ -122,6 +127,9 @@ def check_split_heads(split_heads) -> str:
                            "per token")
         _keeps_float64(got, _heads(x, H), what, "A split")
         expect_close(got, _heads(x, H), what=what)
+    x = randn(2, 3, 8, generator=rng(61))
+    expect_gradients(split_heads, (x, 4), _heads, what="split_heads(x, num_heads=4) for x of shape (2, 3, 8)",
+                     names=("x", "num_heads"))
     return "head h of token t holds columns h*D .. (h+1)*D - 1 of token t, for every size and number of heads tried."
 
 
@@ -152,6 +160,9 @@ def check_merge_heads(merge_heads) -> str:
         round_trip = call(merge_heads, _heads(x, H))
         expect_close(round_trip, x, what=f"merge_heads of x of shape {(B, T, E)} split into {H} heads, which should "
                                          "give x back")
+    context = randn(2, 4, 3, 2, generator=rng(62))
+    expect_gradients(merge_heads, (context,), lambda c: c.transpose(1, 2).reshape(2, 3, 8),
+                     what="merge_heads(context) for context of shape (2, 4, 3, 2)", names=("context",))
     return "merging is the exact inverse of splitting: merge_heads(split_heads(x)) == x, at every size tried."
 
 
@@ -216,6 +227,14 @@ def check_split_fused_qkv(split_fused_qkv) -> str:
                            f"contiguous columns h*D .. (h+1)*D - 1 of its block, here D = {D}.")
         for name, g, w in zip("qkv", got, want):
             expect_close(g, w, what=f"{what}, {name}")
+    stacked = isinstance(result, torch.Tensor)  # one (3, B, H, T, D) tensor: the reference gives one too
+
+    def reference(qkv, num_heads):
+        parts = tuple(_heads(part, num_heads) for part in qkv.split(qkv.size(-1) // 3, dim=-1))
+        return torch.stack(parts) if stacked else parts
+
+    expect_gradients(split_fused_qkv, (randn(2, 3, 24, generator=rng(63)), 4), reference,
+                     what="split_fused_qkv(qkv, num_heads=4) for qkv of shape (2, 3, 24)", names=("qkv", "num_heads"))
     return ("q, k and v each come out as (B, H, T, D), from the [queries | keys | values] layout of "
             "nn.MultiheadAttention's in_proj_weight and GPT-2's c_attn, at every size tried.")
 
@@ -404,6 +423,23 @@ def _cross_expected(mha, queries, memory, key_padding_mask) -> torch.Tensor:
         return mha(queries, memory, memory, key_padding_mask=key_padding_mask)[0]
 
 
+def _check_gradients(cross_attention) -> None:
+    """One case with autograd on (no memory all padding, where the softmax's gradient is NaN for the reference
+    too): a gradient must reach the queries, the memory and every parameter of ``mha``, as it does through
+    ac.MultiHeadAttention, and ``backward()`` must run. Names an answer under ``torch.no_grad()``, a
+    ``.detach()`` (of the result, or of k or v), and an in-place write into the softmax's output
+    (``weights.masked_fill_``, ``weights[empty] = 0``), which autograd saved for the backward pass."""
+    generator = rng(58)
+    mha = _module(8, 2, generator)
+    queries, memory = randn(2, 3, 8, generator=generator), randn(2, 5, 8, generator=generator)
+    mask = padding_mask_for([5, 3], 5, side="left", convention="blocked")
+    expect_gradients(cross_attention, (queries, memory, mha, mask),
+                     lambda q, m, module, blocked: module(q, m, m, key_padding_mask=blocked)[0],
+                     what="cross_attention(queries, memory, mha, key_padding_mask) for B=2, L=3, S=5, E=8, 2 heads, "
+                          "left padding (lengths [5, 3])",
+                     names=("queries", "memory", "mha", "key_padding_mask"))
+
+
 def _check_elsewhere(cross_attention, generator: torch.Generator) -> bool:
     """One case with the module, the inputs and the mask on :func:`other_device` (the accelerator, else the meta
     device, whose tensors have shapes but no values): a tensor made without ``device=`` (a mask or a fill built
@@ -544,6 +580,7 @@ def check_cross_attention(cross_attention) -> str:
         else:
             tolerances = {}
         expect_close(got, expected, what=what, **tolerances)
+    _check_gradients(cross_attention)
     matches = ("your cross-attention matches ac.MultiHeadAttention(queries, memory, memory, key_padding_mask=...) "
                "with right and left padding, a memory that is all padding, large scores, float64 and float16, at "
                "every size tried")
