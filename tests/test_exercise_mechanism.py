@@ -947,3 +947,20 @@ def test_expect_gradients_names_an_answer_that_cannot_be_trained_through():
         with pytest.raises(ex.Mismatch, match=words):
             run(answer)
     assert layer.weight.grad is None and not x.requires_grad  # the caller's tensors and module are left alone
+
+
+def test_call_names_an_in_place_write_that_keeps_the_values():
+    x = torch.randn(3)
+    for answer in (lambda t: t.mul_(1.0), lambda t: t.clamp_(-1e9, 1e9), lambda t: t.unsqueeze_(0).squeeze_(0)):
+        with pytest.raises(ex.Mismatch, match="changed its input `t` in place .*even though its values came out the same"):
+            ex.call(answer, x)
+    assert torch.equal(ex.call(lambda t: t.clone().mul_(2.0), x), x * 2)  # a copy may be written in place
+    layer = nn.Linear(3, 3)
+
+    class Doubles(nn.Module):
+        def forward(self, inputs):
+            return inputs.mul_(1.0) * 2
+
+    with pytest.raises(ex.Mismatch, match="changed its input `inputs` in place"):  # named by the module's forward
+        ex.call(Doubles(), x)
+    assert ex.call(layer, x).shape == (3,)

@@ -3,8 +3,9 @@
 Before the student's function runs, every tensor it receives is copied: tensors passed directly, tensors
 inside lists, tuples and dicts (to a depth of four), the parameters and buffers of ``nn.Module``
 arguments, and numpy arrays; lists and dicts themselves are copied shallowly (so sorting or appending
-shows). After the call each is compared with its copy, exactly (NaN equals NaN), and the first change is
-named by the argument's name in the student's signature: ``scores``, ``state[1]``,
+shows). After the call each is compared with its copy, exactly (NaN equals NaN), and with its version
+counter (an in-place write that leaves the values as they were, ``x.mul_(1.0)``, still counts), and the first
+change is named by the argument's name in the student's signature: ``scores``, ``state[1]``,
 ``layer.norm1.weight``. An argument wrapped in :func:`mutable` is neither copied nor compared: for an
 exercise whose point is to change it in place (a cache buffer).
 """
@@ -32,6 +33,7 @@ class _Saved:
     obj: Any
     copy: Any
     kind: str  # "tensor", "array", "list", "dict"
+    version: int | None = None  # a tensor's version counter: every in-place write adds one
 
 
 def _unwrap(value: Any) -> tuple[Any, bool]:
@@ -57,7 +59,9 @@ def unwrap(args: tuple, kwargs: dict) -> tuple[tuple, dict, set]:
 
 
 def _argument_names(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    """(name, value) for every argument, named as the student's signature names them."""
+    """(name, value) for every argument, named as the student's signature names them (a module's by its forward)."""
+    if isinstance(fn, nn.Module):
+        fn = fn.forward
     try:
         bound = inspect.signature(fn).bind_partial(*args, **kwargs)
     except (TypeError, ValueError):
@@ -81,13 +85,13 @@ def _walk(value: Any, path: str, out: list, depth: int, seen: set, marked: set) 
     if isinstance(value, torch.Tensor):
         seen.add(id(value))
         if value.layout == torch.strided and value.device.type != "meta":
-            out.append(_Saved(path, value, value.detach().clone(), "tensor"))
+            out.append(_Saved(path, value, value.detach().clone(), "tensor", value._version))
     elif isinstance(value, nn.Module):
         seen.add(id(value))
         for name, tensor in list(value.named_parameters()) + list(value.named_buffers()):
             if tensor is not None and id(tensor) not in seen and id(tensor) not in marked:
                 seen.add(id(tensor))
-                out.append(_Saved(f"{path}.{name}", tensor, tensor.detach().clone(), "tensor"))
+                out.append(_Saved(f"{path}.{name}", tensor, tensor.detach().clone(), "tensor", tensor._version))
     elif "numpy" in sys.modules and isinstance(value, sys.modules["numpy"].ndarray):
         seen.add(id(value))
         out.append(_Saved(path, value, value.copy(), "array"))
@@ -136,6 +140,9 @@ def first_change(saved: list[_Saved]) -> tuple[str, str] | None:
         change = None
         if item.kind == "tensor":
             change = _tensor_change(item.obj, item.copy)
+            if change is None and item.version is not None and item.obj._version != item.version:
+                change = ("You wrote in place into it: an operation ending in _, such as mul_ or clamp_, x[...] = ..., "
+                          "or x /= ..., even though its values came out the same")
         elif item.kind == "array":
             numpy = sys.modules["numpy"]
             if item.obj.shape != item.copy.shape or not numpy.array_equal(item.obj, item.copy, equal_nan=item.obj.dtype.kind in "fc"):
