@@ -348,6 +348,54 @@ def memory_answer_key(config, context_len):  # the check's own reference
     return ch12.reference_decoding_memory(config, context_len)
 
 
+# --- answers that read a value (an input check), so that the meta device cannot run them: the device case runs them
+# on the CPU under the shared device watch (sixth review) -----------------------------------------------------------
+
+def delta_validating(q, k, v, beta):  # right: checks beta's range, makes the state on the inputs' device
+    assert ((beta >= 0) & (beta <= 1)).all(), "beta must lie in [0, 1]"
+    return delta_loop(q, k, v, beta)
+
+
+def delta_validating_state_on_cpu(q, k, v, beta):  # the state made without device=, behind a check that reads values
+    assert ((beta >= 0) & (beta <= 1)).all(), "beta must lie in [0, 1]"
+    return delta_state_on_cpu(q, k, v, beta)
+
+
+def delta_results_on_cpu(q, k, v, beta):  # results copied to the CPU and left there
+    output, state = delta_loop(q, k, v, beta)
+    return output.cpu(), state.cpu()
+
+
+def delta_clamps_beta_in_place(q, k, v, beta):  # "safety": the values stay the same, the caller's tensor is written
+    beta.clamp_(0, 1)
+    return delta_loop(q, k, v, beta)
+
+
+def decay_validating(gate):  # right: checks the gates' range, makes the mask on the inputs' device
+    if (gate <= 0).any() or (gate > 1).any():
+        raise ValueError("gates must lie in (0, 1]")
+    return decay_logs(gate)
+
+
+def decay_validating_mask_on_cpu(gate):  # the mask made without device=, behind a check that reads values
+    if (gate <= 0).any() or (gate > 1).any():
+        raise ValueError("gates must lie in (0, 1]")
+    return decay_mask_on_cpu(gate)
+
+
+def decay_result_on_cpu(gate):
+    return decay_logs(gate).cpu()
+
+
+def decay_floored_below_the_named(gate):  # a floor of 1e-16 moves no entry by more than 1e-15: passes, as stated
+    return decay_floored(gate, floor=1e-16)
+
+
+def decay_clamps_gate_in_place(gate):  # the values stay the same, the caller's tensor is written
+    gate.clamp_(max=1.0)
+    return decay_logs(gate)
+
+
 # --- the tables --------------------------------------------------------------------------------------
 
 RIGHT = [
@@ -363,6 +411,9 @@ RIGHT = [
     (check_decay_matrix, decay_numpy),
     (check_decay_matrix, decay_in_float32),
     (check_decay_matrix, decay_in_float64),
+    (check_delta_rule_loop, delta_validating),
+    (check_decay_matrix, decay_validating),
+    (check_decay_matrix, decay_floored_below_the_named),
     (check_decoding_memory, memory),
     (check_decoding_memory, memory_numpy),
     (check_decoding_memory, memory_tensor),
@@ -400,6 +451,9 @@ WRONG = [
     (check_delta_rule_loop, delta_in_place, "changed its input `k` in place"),
     (check_delta_rule_loop, delta_only_output, r"return \(output, state\)"),
     (check_delta_rule_loop, delta_float16, "values differ"),
+    (check_delta_rule_loop, delta_validating_state_on_cpu, r"reads a tensor's value.*made without device="),
+    (check_delta_rule_loop, delta_results_on_cpu, "your result is made without device="),
+    (check_delta_rule_loop, delta_clamps_beta_in_place, r"changed its input `beta` in place.*values came out the same"),
     # Exercise 2
     (check_decay_matrix, decay_cumprod_ratio, "contains NaN"),
     (check_decay_matrix, decay_cumprod_ratio_float64, "underflows to 0|0 / 0"),
@@ -424,6 +478,13 @@ WRONG = [
     (check_decay_matrix, decay_floored, r"floored at 0\.03 \(as with gate\.clamp\(min=0\.03\)\)"),
     (check_decay_matrix, _wrong(decay_floored, floor=1e-2), r"floored at 0\.01"),
     (check_decay_matrix, _wrong(decay_floored, floor=1e-4), r"floored at 0\.0001"),
+    (check_decay_matrix, _wrong(decay_floored, floor=1e-8), r"floored at 1e-08.*gate\.clamp\(min=1e-08\)"),
+    (check_decay_matrix, _wrong(decay_floored, floor=1e-12), r"floored at 1e-12"),
+    (check_decay_matrix, _wrong(decay_epsilon, epsilon=1e-8), r"with 1e-08 added to them.*log\(gate \+ 1e-08\)"),
+    (check_decay_matrix, _wrong(decay_epsilon, epsilon=1e-10), r"with 1e-10 added to them"),
+    (check_decay_matrix, decay_validating_mask_on_cpu, r"reads a tensor's value.*made without device="),
+    (check_decay_matrix, decay_result_on_cpu, "your result is made without device="),
+    (check_decay_matrix, decay_clamps_gate_in_place, r"changed its input `gate` in place.*values came out the same"),
     # Exercise 3
     (check_decoding_memory, _wrong(memory, mistake="no values"), r"keys \*and\* values"),
     (check_decoding_memory, _wrong(memory, mistake="state grows"), "does not grow with the context"),

@@ -3,14 +3,26 @@
 Each check tries the answer on cases chosen so that the usual mistakes give a wrong result, and
 names the mistake when it recognises one; the table of those mistakes is in
 tests/test_exercises_ch12.py. They use the shared mechanism of ``attn_course.exercises``: the
-package forbidden by every route in exercises 1 and 2, inputs watched for changes in place, sizes
-unlike the notebook's (one token, one head, ``D_k != D_v`` and ``D_k == D_v``, keys shorter and longer
-than 1), float32 and float64 (a result in the other full precision passes, half precision does
-not), one case on the notebook's GPU or on PyTorch's meta device (tensors made without ``device=``
-named), gates small enough that a product of them underflows even float64, gates of 1e-3, 1e-4 and
-1e-30 among larger ones (a floor on the gates, ``gate.clamp(min=0.03)``, named) and a long run of gates
-near 1 (a decay cut off after a few tokens named), exact zeros above the decay matrix's diagonal,
-and model sizes other than Qwen3-Next's in exercise 3 (numpy integers accepted).
+package forbidden by every route in exercises 1 and 2, inputs watched for changes in place (by value,
+and by their version counter, so that ``beta.clamp_(0, 1)`` or ``gate.clamp_(max=1)`` that keeps the
+values is named too), sizes unlike the notebook's (one token, one head, ``D_k != D_v`` and
+``D_k == D_v``, keys shorter and longer than 1), float32 and float64 (a result in the other full
+precision passes, half precision does not), one case on the notebook's GPU or on PyTorch's meta
+device (tensors made without ``device=`` named; where the meta device cannot run an answer because it
+reads a value, an input check such as ``assert (beta <= 1).all()``, the same case runs on the CPU under
+the shared device watch, which names such a tensor and a result sent through ``.cpu()``), gates small
+enough that a product of them underflows even float64, gates of 1e-3, 1e-4 and 1e-30 among larger
+ones, and a long run of gates near 1 (a decay cut off after a few tokens named), exact zeros above
+the decay matrix's diagonal, and model sizes other than Qwen3-Next's in exercise 3 (numpy integers
+accepted).
+
+Which floors on the gates exercise 2 names: a floor ``gate.clamp(min=m)``, or an epsilon added to the
+gates, ``log(gate + m)``, is rejected for every m down to 1e-15. It is named as a floor or an epsilon
+for a floor below 0.3 (the smallest gate of the first case; a higher one is rejected as values that
+differ), for an epsilon near a power of ten from 1e-3 down, and for any m below about 1e-7: there the
+values agree within the tolerance, but the entries behind the gate of 1e-30, which must stay below
+1e-20, come out about as large as m. Other epsilons are rejected as values that differ. A floor or
+epsilon of 1e-16 or less moves no entry by more than 1e-15, and passes.
 """
 
 from __future__ import annotations
@@ -30,11 +42,29 @@ __all__ = ["check_delta_rule_loop", "check_decay_matrix", "check_decoding_memory
 # Another device
 
 
-def _call_elsewhere(fn, *args, device: torch.device, what: str):
+def _call_elsewhere(fn, *args, device: torch.device, what: str, cpu_args: tuple):
     """:func:`call_elsewhere`; copying data out to numpy and back is a right answer here, so the meta device does
-    not judge it (the CPU cases did)."""
+    not judge it. Where the meta device cannot run the answer (it copies data out, or reads a value: an input check
+    such as ``assert (beta <= 1).all()``), it runs on ``cpu_args`` (the same inputs on the CPU) under the shared
+    device watch, which names a tensor made without ``device=`` that meets the inputs and a result left on the CPU
+    (``.cpu()``, ``.numpy()`` not moved back)."""
     return call_elsewhere(fn, *args, device=device, what=what, made_by="torch.zeros, torch.ones, torch.eye, torch.tensor ...",
-                          copy_out_is_a_mistake=False)
+                          copy_out_is_a_mistake=False, cpu_args=cpu_args)
+
+
+def _call_unchanged(fn, inputs: dict, what: str):
+    """:func:`call`, and an in-place change of an input named even where it kept the values (``beta.clamp_(0, 1)``
+    on betas in (0, 1), ``gate.clamp_(max=1)``): the tensor's version counter moved, as in chapter 03."""
+    versions = {name: tensor._version for name, tensor in inputs.items()}
+    result = call(fn, *inputs.values())
+    for name, tensor in inputs.items():
+        if tensor._version != versions[name]:
+            raise Mismatch(f"{what}: your function changed its input `{name}` in place (an operation ending in _, "
+                           f"such as clamp_, mul_ or log_, or {name} /= ...), even if its values came out the same. "
+                           f"That changes the caller's tensor and breaks backward through anything computed from "
+                           f"{name} before: leave {name} alone and use the out-of-place operation "
+                           f"({name}.clamp(0, 1), not {name}.clamp_(0, 1))")
+    return result
 
 
 def _on_device(got, device: torch.device, what: str) -> torch.Tensor:
@@ -132,7 +162,8 @@ def check_delta_rule_loop(delta_rule_loop) -> str:
         q, k, v, beta = _delta_inputs(generator, B, H, L, Dk, Dv, dtype, key_length)
         what = (f"delta_rule_loop(q, k, v, beta) for q, k of shape {(B, H, L, Dk)}, v {(B, H, L, Dv)}, beta {(B, H, L)} "
                 f"({str(dtype).replace('torch.', '')}{f', keys of length {key_length}' if key_length != 1.0 else ''})")
-        output, state = expect_sequence(call(delta_rule_loop, q, k, v, beta), what=what, names=("output", "state"))
+        answer = _call_unchanged(delta_rule_loop, dict(q=q, k=k, v=v, beta=beta), what)
+        output, state = expect_sequence(answer, what=what, names=("output", "state"))
         output = expect_tensor(output, what=f"the output of {what}", dtype="float")
         state = expect_tensor(state, what=f"the state of {what}", dtype="float")
         if Dk != Dv and tuple(state.shape) == (B, H, Dv, Dk):
@@ -163,7 +194,8 @@ def check_delta_rule_loop(delta_rule_loop) -> str:
     device = other_device()
     q, k, v, beta = _delta_inputs(generator, 2, 2, 5, 4, 3, torch.float32)
     shown = f"delta_rule_loop(q, k, v, beta) with q, k, v and beta on the {device.type} device"
-    result = _call_elsewhere(delta_rule_loop, *(x.to(device) for x in (q, k, v, beta)), device=device, what=shown)
+    result = _call_elsewhere(delta_rule_loop, *(x.to(device) for x in (q, k, v, beta)), device=device, what=shown,
+                             cpu_args=(q.clone(), k.clone(), v.clone(), beta.clone()))
     if result is not None:
         output, state = expect_sequence(result, what=shown, names=("output", "state"))
         output = _on_device(output, device, f"the output of {shown}")
@@ -271,7 +303,8 @@ def check_decay_matrix(decay_matrix) -> str:
             gate = (0.3 + 0.7 * torch.rand(*shape, generator=generator, dtype=torch.float64)).to(dtype)
         L = shape[-1]
         what = f"decay_matrix(gate) for gate of shape {shape} ({str(dtype).replace('torch.', '')}, {note})"
-        got = expect_tensor(call(decay_matrix, gate), what=what, shape=(*shape, L), dtype="float")
+        got = expect_tensor(_call_unchanged(decay_matrix, dict(gate=gate), what), what=what, shape=(*shape, L),
+                            dtype="float")
         want = _decay_reference(gate)
         got64 = got.detach().double()
         if bool(torch.isnan(got64).any()) or bool(torch.isinf(got64).any()):
@@ -330,6 +363,27 @@ def check_decay_matrix(decay_matrix) -> str:
                                "a real one (it erases nearly all the state before it); its logarithm is finite, so "
                                "take the log of the gates as they are, without a floor") from None
             raise
+        # A tiny floor or epsilon (gate.clamp(min=1e-8), log(gate + 1e-10)) moves no entry by more than the tolerance,
+        # but the entries that should be below 1e-20 (behind a gate of 1e-30) come out as large as the floor.
+        tiny = want < 1e-20
+        if bool(tiny.any()) and bool((got64[tiny] > 1e-15).any()):
+            largest = float(got64[tiny].max())
+            floor = _floor_of(gate, got64, atol=1e-30, rtol=1e-3)  # D[t, t-1] where the gate is smallest: the floor
+            shifted = None
+            for exponent in range(3, 16):  # or an epsilon added to every gate (the same, here, up to 1e-3 relatively)
+                if bool(torch.allclose(got64, _decay_reference(gate.double() + 10.0 ** -exponent), atol=1e-30, rtol=1e-3)):
+                    shifted = 10.0 ** -exponent
+                    break
+            if floor is not None or shifted is not None:
+                m = floor if floor is not None else shifted
+                raise Mismatch(f"{what}: your matrix is that of the gates floored at {m:.3g}, or with {m:.3g} added to "
+                               f"them (as with gate.clamp(min={m:.3g}) or log(gate + {m:.3g})): the gates lie in (0, 1], "
+                               "and a gate of 1e-30 is a real one (it erases nearly all the state before it); its "
+                               f"logarithm is finite, so take the log of the gates as they are. Your entries behind it "
+                               f"are as large as {largest:.1e}, where they should be below 1e-20")
+            raise Mismatch(f"{what}: entries that should be below 1e-20 (keys behind a gate of 1e-30, or behind "
+                           f"hundreds of gates of 0.05) are as large as {largest:.1e} in your matrix: do not floor the "
+                           "gates or add an epsilon to them; their logarithm is finite as they are")
     # The matrix does what it is for: ((Q K^T) * D) V equals the gated recurrence S_t = a_t S_{t-1} + k_t v_t^T.
     q, k, v = (torch.randn(1, 2, 7, n, generator=generator, dtype=torch.float64) for n in (3, 3, 4))
     gate = 0.3 + 0.7 * torch.rand(1, 2, 7, generator=generator, dtype=torch.float64)
@@ -346,9 +400,10 @@ def check_decay_matrix(decay_matrix) -> str:
                  "S_t = gate_t S_{t-1} + k_t v_t^T")
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
     device = other_device()
-    gate = (0.3 + 0.7 * torch.rand(2, 5, generator=generator)).to(device)
+    here = 0.3 + 0.7 * torch.rand(2, 5, generator=generator)
+    gate = here.to(device)
     shown = f"decay_matrix(gate) with gate of shape (2, 5) on the {device.type} device"
-    result = _call_elsewhere(decay_matrix, gate, device=device, what=shown)
+    result = _call_elsewhere(decay_matrix, gate, device=device, what=shown, cpu_args=(here.clone(),))
     if result is not None:
         got = _on_device(result, device, shown)
         expect_tensor(got, what=shown, shape=(2, 5, 5))
