@@ -499,6 +499,47 @@ def scores_keys_by_division(q_content, q_rope, w_uk, latents, rope_keys):
     return out / math.sqrt(D + q_rope.size(-1))
 
 
+
+def scores_naive_for_prefill(q_content, q_rope, w_uk, latents, rope_keys):
+    """The sixth review's answer: the absorbed form for one query, the keys built for several (section 4 finds that
+    cheaper for prefill): the exercise asks for the absorbed decode path for every L."""
+    if q_content.size(2) > 1:
+        return scores_naive(q_content, q_rope, w_uk, latents, rope_keys)
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+
+
+def scores_keys_scalar_times_column(q_content, q_rope, w_uk, latents, rope_keys):
+    """The sixth review's answer: each cached token's keys rebuilt as a sum of latent coordinate times column of W_UK;
+    with batch 1 the coordinate is a one-element tensor."""
+    B, H, L, D = q_content.shape
+    S, Dc = latents.shape[1], latents.shape[2]
+    columns = []
+    for s in range(S):
+        keys = sum(latents[:, s, c, None] * w_uk[:, c] for c in range(Dc)).view(B, H, D)  # token s, every head
+        columns.append((q_content @ keys[..., None])[..., 0])  # (B, H, L)
+    content = torch.stack(columns, dim=-1)
+    return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_keys_in_python_numbers(q_content, q_rope, w_uk, latents, rope_keys):
+    """The sixth review's answer: the keys built in Python numbers through .item(), out of the watch's sight."""
+    B, H, L, D = q_content.shape
+    S, Dc = latents.shape[1], latents.shape[2]
+    keys = q_content.new_tensor([[[[sum(w_uk[h * D + d, c].item() * latents[b, s, c].item() for c in range(Dc))
+                                    for d in range(D)] for s in range(S)] for h in range(H)] for b in range(B)])
+    return (q_content @ keys.transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(
+        D + q_rope.size(-1))
+
+
+def scores_keys_through_float(q_content, q_rope, w_uk, latents, rope_keys):
+    """The same through float(t)."""
+    B, H, L, D = q_content.shape
+    S, Dc = latents.shape[1], latents.shape[2]
+    keys = q_content.new_tensor([[[[sum(float(w_uk[h * D + d, c]) * float(latents[b, s, c]) for c in range(Dc))
+                                    for d in range(D)] for s in range(S)] for h in range(H)] for b in range(B)])
+    return (q_content @ keys.transpose(-2, -1) + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(
+        D + q_rope.size(-1))
+
 CASES = [
     # (check, answer, expected status, words the message must contain)
     (check_cache_per_token, cache_right, "correct", "2.25 groups"),
@@ -532,6 +573,10 @@ CASES = [
     (check_absorbed_scores, scores_keys_addbmm_in_chunks, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_addr_in_chunks, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_by_division, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_naive_for_prefill, "incorrect", "the exercise is the absorbed decode path"),
+    (check_absorbed_scores, scores_keys_scalar_times_column, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_keys_in_python_numbers, "incorrect", "you called Tensor.item"),
+    (check_absorbed_scores, scores_keys_through_float, "incorrect", "you called Tensor.__float__"),
     (check_absorbed_scores, scores_cpu_buffer, "incorrect", "make new tensors on the inputs' device"),
     (check_absorbed_scores, scores_scale_d, "incorrect", "scale is 1/sqrt(d_h + d_h^R)"),
     (check_absorbed_scores, scores_unscaled, "incorrect", "not scaled"),

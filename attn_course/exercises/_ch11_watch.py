@@ -13,7 +13,8 @@ from torch.utils.flop_counter import flop_registry  # PyTorch's FLOP formulas: m
 # Products that PyTorch's registry does not count (it counts two FLOPs per multiply-add for the rest).
 _PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot"}
 # What ``*``, ``torch.mul``, ``outer`` come down to, and division, which multiplies by a reciprocal (``a / (1 / b)``
-# is ``a * b``): each counts one multiply-add per element when two of its operands have more than one element.
+# is ``a * b``): each counts one multiply-add per element of its output when two of its operands are tensors (of any
+# size, one element included) and the output has more than one element.
 _ELEMENTWISE_PRODUCTS = {"mul", "mul_", "addcmul", "addcmul_", "div", "div_", "addcdiv", "addcdiv_"}
 _OUTER_PRODUCTS = {"addr", "addr_"}  # addr(input, u, v) = input + outer(u, v): len(u) x len(v) multiply-adds
 
@@ -24,8 +25,8 @@ class _LargestTensor(TorchDispatchMode):
     products ``mm``, ``bmm``, ``addmm``, ``baddbmm``, which ``@``, ``matmul``, ``einsum`` and
     ``nn.functional.linear`` come down to, and the convolutions of ``conv1d`` and its kin), of the products
     it has none for (``addbmm``, ``mv``, ``addmv``, ``dot``, ``vdot``, and the outer products of ``addr``), and
-    one per element of every elementwise product or quotient of two tensors (``*`` followed by ``.sum()`` is a
-    product too, and so is ``/`` by a reciprocal)."""
+    one per element of the output of every elementwise product or quotient of two tensors, a one-element tensor
+    included (``*`` followed by ``.sum()`` is a product too, and so is ``/`` by a reciprocal)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -54,8 +55,13 @@ class _LargestTensor(TorchDispatchMode):
         elif name in _OUTER_PRODUCTS:
             first, second = args[1], args[2]
             self.multiply_adds += first.numel() * second.numel()
-        elif name in _ELEMENTWISE_PRODUCTS and sum(isinstance(a, torch.Tensor) and a.numel() > 1 for a in args) >= 2:
-            self.multiply_adds += max(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        elif name in _ELEMENTWISE_PRODUCTS and sum(isinstance(a, torch.Tensor) for a in args) >= 2:
+            # Counted by the size of the output, so that a one-element operand hides nothing: a scalar times a column
+            # of W_UK, token by token and coordinate by coordinate, rebuilds the keys as surely as a matrix product.
+            # (A Python number, as in ``scores / math.sqrt(d)``, reaches here as a number, not a tensor.)
+            produced = max((t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), default=0)
+            if produced > 1:
+                self.multiply_adds += produced
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor) and tensor.numel() > self.numel:
                 self.numel, self.shape = tensor.numel(), tuple(tensor.shape)
