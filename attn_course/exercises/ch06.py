@@ -335,7 +335,11 @@ def check_halves_shift_matrix(halves_shift_matrix) -> str:
             first, last = max(0, -k), max_len - max(0, k)  # every p with p and p + k in the table
             shifted = table[first:last] @ M.T  # (P, d) @ (d, d): row p is M @ PE_half[p]
             target = table[first + k : last + k]  # (P, d): PE_half[p + k]
-            if torch.allclose(shifted, target, atol=tol):
+            # A rotation too (M Mᵀ = I): a matrix fitted to the table's positions can shift them all within tol
+            # while the slow pairs, which barely move over 160 positions, are not rotated (whether it does depends on
+            # the least-squares solver's rounding, which differs between PyTorch versions).
+            rotation = torch.allclose(M @ M.T, torch.eye(d_model, dtype=torch.float64), atol=tol)
+            if rotation and torch.allclose(shifted, target, atol=tol):
                 continue
             if torch.allclose(M, torch.eye(d_model, dtype=torch.float64), atol=tol):
                 raise Mismatch(f"{what}: your matrix is the identity, which leaves every encoding where it is; "
