@@ -340,6 +340,32 @@ def sample_global_generator(logits, temperature, generator):
     return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)
 
 
+def sample_reseeds_the_global_generator(logits, temperature, generator):
+    """The sixth review's accepted answer: reproducible, and differently seeded generators differ, but every call
+    restarts from the same seed, so a decoding loop draws the same numbers at every step."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    torch.manual_seed(generator.initial_seed())
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)
+
+
+def sample_own_generator_from_the_seed(logits, temperature, generator):
+    """The same mistake with a generator of its own, seeded from the one given."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    mine = torch.Generator(device=logits.device).manual_seed(generator.initial_seed())
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=mine).squeeze(1)
+
+
+def sample_copies_the_generator_state(logits, temperature, generator):
+    """The same mistake from a copy of the generator's state."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    mine = torch.Generator(device=logits.device)
+    mine.set_state(generator.get_state())
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=mine).squeeze(1)
+
+
 def sample_squeezes_every_axis(logits, temperature, generator):
     """The review's accepted answer: .squeeze() gives a 0-d tensor when B = 1."""
     if temperature == 0:
@@ -492,6 +518,10 @@ def test_sample_crash_and_scaffold():
         (sample_top_p, "no top-k or top-p"),
         (sample_top_p_995, "id 3 has probability 0.0021"),
         (sample_drops_the_last_id, "no top-k or top-p"),
+        (sample_reseeds_the_global_generator, "you restarted from the generator's seed"),
+        (sample_own_generator_from_the_seed, "you restarted from the generator's seed"),
+        (sample_copies_the_generator_state, "or from a copy of its state"),
+        (sample_unstable, "overflows float32"),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):
@@ -507,7 +537,7 @@ def test_a_sampler_for_two_rows_only_crashes_on_one_row_and_says_where():
 
 def test_unstable_and_global_seed_samplers_fail():
     unstable = check_sample_next(sample_unstable)
-    assert unstable.status in ("incorrect", "error") and ("inf" in unstable.message or "nan" in unstable.message.lower())
+    assert unstable.status == "incorrect" and "inf" in unstable.message and "overflows" in unstable.message
     seeded = check_sample_next(sample_global_generator)  # the same samples every call, but not from `generator`
     assert seeded.status == "incorrect" and "seeded differently" in seeded.message, str(seeded)
 
@@ -537,7 +567,8 @@ def beam_right_with_tensors(next_log_probs, beam_width, max_len, start_id, end_i
         if not alive:
             break
         log_probs = next_log_probs(torch.tensor([ids for _, ids in alive]))  # (N, V)
-        totals = torch.tensor([s for s, _ in alive], dtype=torch.float64)[:, None] + log_probs.double()  # (N, V)
+        totals = (torch.tensor([s for s, _ in alive], dtype=torch.float64, device=log_probs.device)[:, None]
+                  + log_probs.double())  # (N, V)
         values, flat = totals.flatten().topk(min(beam_width, totals.numel()))
         pool = finished + [(float(v), alive[int(i) // totals.size(1)][1] + [int(i) % totals.size(1)])
                            for v, i in zip(values, flat)]
@@ -548,6 +579,56 @@ def beam_right_with_tensors(next_log_probs, beam_width, max_len, start_id, end_i
             break
     best = max(finished + alive, key=lambda c: c[0])
     return torch.tensor(best[1][1:])
+
+
+def beam_scores_without_device(next_log_probs, beam_width, max_len, start_id, end_id):
+    """The sixth review's accepted answer: a tensorised search whose scores are made without device=; right on the
+    CPU, it adds CPU scores to the log-probabilities, which fails where the model is on a GPU."""
+    seqs = torch.full((1, 1), start_id)
+    scores = torch.zeros(1)
+    done = torch.zeros(1, dtype=torch.bool)
+    for _ in range(max_len):
+        if bool(done.all()):
+            break
+        lp = next_log_probs(seqs[~done])  # (N_alive, V)
+        V = lp.size(1)
+        ext = scores[~done][:, None] + lp
+        cand_scores = torch.cat([ext.flatten(), scores[done]])
+        alive_seqs = seqs[~done].repeat_interleave(V, 0)
+        tokens = torch.arange(V).repeat(int((~done).sum()))[:, None]
+        cand_seqs = torch.cat([torch.cat([alive_seqs, tokens], 1),
+                               torch.cat([seqs[done], torch.full((int(done.sum()), 1), end_id)], 1)])
+        top = cand_scores.topk(min(beam_width, len(cand_scores))).indices
+        seqs, scores = cand_seqs[top], cand_scores[top]
+        done = (seqs == end_id).any(1)
+    best = seqs[0].tolist()[1:]
+    return best[:best.index(end_id) + 1] if end_id in best else best
+
+
+def beam_right_scores_on_the_device(next_log_probs, beam_width, max_len, start_id, end_id):
+    """The same tensorised search, right: its scores are made on the log-probabilities' device (the ids may stay
+    on the CPU: the model and the caller accept them)."""
+    seqs = torch.full((1, 1), start_id)
+    scores, done = None, torch.zeros(1, dtype=torch.bool)
+    for _ in range(max_len):
+        if bool(done.all()):
+            break
+        lp = next_log_probs(seqs[~done])
+        if scores is None:
+            scores = lp.new_zeros(1)
+        V = lp.size(1)
+        alive, finished = (~done).to(lp.device), done.to(lp.device)
+        ext = scores[alive][:, None] + lp
+        cand_scores = torch.cat([ext.flatten(), scores[finished]])
+        alive_seqs = seqs[~done].repeat_interleave(V, 0)
+        tokens = torch.arange(V).repeat(int((~done).sum()))[:, None]
+        cand_seqs = torch.cat([torch.cat([alive_seqs, tokens], 1),
+                               torch.cat([seqs[done], torch.full((int(done.sum()), 1), end_id)], 1)])
+        top = cand_scores.topk(min(beam_width, len(cand_scores))).indices
+        seqs, scores = cand_seqs[top.cpu()], cand_scores[top]
+        done = (seqs == end_id).any(1)
+    best = seqs[0].tolist()[1:]
+    return best[:best.index(end_id) + 1] if end_id in best else best
 
 
 def beam_stops_one_step_early(next_log_probs, beam_width, max_len, start_id, end_id):
@@ -710,7 +791,8 @@ def beam_right_finished_set_aside(next_log_probs, beam_width, max_len, start_id,
 
 def test_beam_right_answers():
     for answer in (beam_right, beam_right_with_tensors, lambda *a: (beam_right(*a), 0.0),
-                   beam_right_stops_when_the_best_has_ended, beam_right_finished_set_aside):
+                   beam_right_stops_when_the_best_has_ended, beam_right_finished_set_aside,
+                   beam_right_scores_on_the_device):
         feedback = check_beam_search(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -729,6 +811,7 @@ def test_beam_right_answers():
         (beam_package, "you called"),
         (beam_greedy_after_the_first_step, "beam search does not promise the most probable sequence"),
         (beam_stops_one_step_early, "your search stopped early"),
+        (beam_scores_without_device, "mixed a tensor made without device="),
     ],
 )
 def test_beam_wrong_answers_are_told_what_is_wrong(answer, words):
@@ -783,6 +866,16 @@ def post_norm_right_with_a_mask(layer, x, memory, memory_padding):
     attended, _ = layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding, need_weights=False)
     x = layer.norm2(x + attended)
     return layer.norm3(x + layer.feed_forward(x))
+
+
+def post_norm_package_post_norm_layer(layer, x, memory, memory_padding):
+    """The sixth review's route: a new DecoderLayer(norm_first=False) holding the layer's weights (the reference)."""
+    import attn_course as ac
+
+    post = ac.DecoderLayer(x.size(-1), layer.self_attn.num_heads, layer.feed_forward.expand.out_features,
+                           norm_first=False).to(dtype=x.dtype, device=x.device).eval()
+    post.load_state_dict(layer.state_dict())
+    return post(x, memory, memory_key_padding_mask=memory_padding)[0]
 
 
 def post_norm_detached(layer, x, memory, memory_padding):
@@ -990,6 +1083,7 @@ def test_post_norm_right_answers():
         (post_norm_identity, "input"),
         (post_norm_through_apply_sublayers, "DecoderLayer.apply_sublayers"),
         (post_norm_torch_layer, "you called"),
+        (post_norm_package_post_norm_layer, "DecoderLayer(norm_first=False) is the check's reference"),
         (post_norm_float64, "torch.float64 but the inputs and the layer are torch.float32"),
         (post_norm_always_float32, "torch.float32 but the inputs and the layer are torch.float64"),
         (post_norm_half, "torch.float16"),
@@ -1024,11 +1118,13 @@ def test_the_gpu_cases_run_where_there_is_a_gpu(monkeypatch):
     there is none); here the CPU stands in for the GPU, so that the code path runs on every machine (right answers
     pass it). Exercise 3's GPU case is the exception to the meta-device policy: its toy model computes each prefix's
     log-probabilities from real values (a table looked up by the prefix's ids), which the meta device does not
-    have, so on a machine without a GPU that case does not run (the statement says so) and only this test runs it."""
+    have, so on a machine without a GPU that case does not run and only this test runs it; there, a case on the CPU
+    under a DeviceWatch (the log-probabilities taken to be on a GPU) names a tensor made without device=."""
     import attn_course.exercises.ch07 as ch07
 
     monkeypatch.setattr(ch07, "_accelerator", lambda: torch.device("cpu"))
     monkeypatch.setattr(ch07, "other_device", lambda: torch.device("cpu"))
     assert check_sample_next(sample_right).status == "correct"
     assert check_beam_search(beam_right).status == "correct"
+    assert check_beam_search(beam_right_scores_on_the_device).status == "correct"
     assert check_post_norm_decoder_layer(post_norm_right).status == "correct"

@@ -23,9 +23,13 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   that size and sliced is named.
 - Exercises 2 and 4 try one more case on another device (:func:`other_device`): the notebook's GPU,
   or the meta device where there is none, so that a mask or noise made without ``device=`` is named
-  on every machine; exercise 2 names ids returned on the CPU there too (:class:`_CopiesOut`). Exercise 3 tries
-  one more case on the GPU when there is one (:func:`_accelerator`), and says, where a wrong search finds a more
-  probable sequence than the reference, that beam search does not promise the most probable one.
+  on every machine; exercise 2 names ids returned on the CPU there too (:class:`_CopiesOut`), and a sampler that
+  restarts from the generator's seed at every call (two successive calls with one generator must differ).
+  Exercise 3 runs one case on the CPU under a :class:`DeviceWatch` that takes the model's log-probabilities to be
+  on a GPU (a beam search reads values, which the meta device has not), so that a score tensor made without
+  ``device=`` is named on every machine, and one more case on the GPU when there is one (:func:`_accelerator`);
+  it says, where a wrong search finds a more probable sequence than the reference, that beam search does not
+  promise the most probable one.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, e
                forbidden, large_scores, other_device, other_sizes, padding_cases, randn, rng, tolerance)
 from . import _meta_note
 from ._core import _StudentCodeFailed
+from ._device import DeviceWatch
 
 __all__ = ["check_french_noun_phrase", "check_sample_next", "check_beam_search", "check_post_norm_decoder_layer"]
 
@@ -275,6 +280,24 @@ def check_sample_next(sample_next) -> str:
         expect(not (isinstance(other, torch.Tensor) and torch.equal(first, other)),
                f"{what}: generators seeded differently gave the same samples: draw with the generator you were "
                "given, not with one of your own (or the global one, reseeded)")
+    # One generator, used at successive calls without reseeding, as translate(...) uses it at every decoding step:
+    # each call must go on from where the last one stopped (the reference's two draws differ). An answer that
+    # restarts from generator.initial_seed() (reseeding the global generator, or one of its own) or from a copy of
+    # the generator's state is reproducible and tells differently seeded generators apart, and draws the same
+    # numbers at every step: on a flat distribution it writes the same character again and again.
+    what = "two successive calls sample_next(logits of shape (20000, 4), temperature=1.0, generator) with one generator"
+    shared = torch.Generator().manual_seed(5)
+    before = shared.get_state()
+    first = call(sample_next, many, 1.0, shared)
+    advanced = not torch.equal(shared.get_state(), before)
+    second = call(sample_next, many, 1.0, shared)
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and torch.equal(first, second):
+        moved = "" if advanced else " (the generator's state did not change)"
+        raise Mismatch(f"{what}: both calls gave the same samples{moved}: you restarted from the generator's seed "
+                       "(generator.initial_seed(), through torch.manual_seed or a generator of your own) or from a "
+                       "copy of its state. Draw from the generator itself, so that each call continues where the last "
+                       "one stopped: translate(...) passes the same generator at every step, and a restarted one "
+                       "draws the same numbers at every step")
     # Rows that differ (each row its own distribution) and logits near 100 in float32 (exp overflows there).
     mixed = torch.tensor([[3.0, 0.0, 0.0], [0.0, 0.0, 3.0]]).repeat(6000, 1)  # (12000, 3): rows alternate
     what = "sample_next(logits whose rows alternate between two distributions, temperature=1)"
@@ -289,8 +312,16 @@ def check_sample_next(sample_next) -> str:
         _expect_every_count(got[row::2], want, f"{what}, rows like row {row}")
     big = large_scores(4000, 3, generator=generator, spread=1.0)  # rows near +100 and -100
     what = "sample_next(logits near +100 and -100 in float32, temperature=1)"
-    got = expect_tensor(call(sample_next, big, 1.0, torch.Generator().manual_seed(3)), what=what, shape=(4000,),
-                        dtype="integer", device=big)
+    try:
+        got = call(sample_next, big, 1.0, torch.Generator().manual_seed(3))
+    except _StudentCodeFailed as failed:
+        text = str(failed.error)
+        if "inf" in text and "nan" in text.lower():
+            raise Mismatch(f"{what}: your code raised {type(failed.error).__name__}: {text.splitlines()[0]}. exp of "
+                           "a logit near 100 overflows float32 (to inf, and inf / inf is nan): subtract each row's "
+                           "max before exp, or use torch.softmax, which does") from None
+        raise
+    got = expect_tensor(got, what=what, shape=(4000,), dtype="integer", device=big)
     expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
     # Once more on another device: the notebook's GPU with a generator there, as translate(...) on a GPU does, or
     # the meta device (with a CPU generator) where there is none, so that noise made without device= is named, and
@@ -338,6 +369,7 @@ class _ToyModel:
     def __init__(self, V: int, start_id: int, end_id: int, table: dict, seed: int, device=None) -> None:
         self.V, self.start_id, self.end_id, self.table, self.seed = V, start_id, end_id, table, seed
         self.device = device  # where the log-probabilities are returned (None: the CPU)
+        self.watch = None  # a DeviceWatch that takes the log-probabilities to be on the device
         self.calls = 0
 
     def probabilities(self, prefix: tuple) -> torch.Tensor:
@@ -373,7 +405,10 @@ class _ToyModel:
                 raise ValueError(f"next_log_probs was asked to extend {row}, which has already ended "
                                  f"(end symbol {self.end_id}): a finished sequence stays as it is")
             rows.append(self.probabilities(tuple(row[1:])).log())
-        return torch.stack(rows).float().to(self.device)  # (N, V)
+        log_probs = torch.stack(rows).float().to(self.device)  # (N, V)
+        if self.watch is not None:
+            self.watch.placed[log_probs] = True
+        return log_probs
 
 
 def _variant(model: _ToyModel, beam_width: int, max_len: int, *, score="sum", first_finished=False,
@@ -433,6 +468,44 @@ def _beam_cases():
         yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
 
 
+class _MovesWatch(DeviceWatch):
+    """A :class:`DeviceWatch` in which moving a CPU tensor to the device (``.to(log_probs.device)``, ``.cuda()``,
+    ``.type_as``) leaves the original on the CPU, as on a GPU, where the move makes a new tensor: on the CPU the
+    move returns the tensor itself, which the watch would otherwise take to be on the device from then on."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        was_placed = source is not None and source in self.placed
+        out = super().__torch_function__(func, types, args, kwargs)
+        if source is not None and out is source and not was_placed and \
+                getattr(func, "__name__", "") in ("to", "cuda", "type_as"):
+            del self.placed[source]
+            out = source.view_as(source)
+            self.placed[out] = True
+        return out
+
+
+def _beam_search_watched(beam_search_fn) -> None:
+    """The first case once more on the CPU, with the model's log-probabilities taken to be on a GPU, under a
+    :class:`DeviceWatch`: a beam search reads values (.tolist(), float(), topk's indices), so the meta device
+    cannot run it, but the watch names a tensor made without ``device=`` (scores from torch.zeros, a
+    torch.tensor of the scores so far) that meets the log-probabilities, which fails on a GPU. Ids kept on the
+    CPU, as a list or a tensor, are fine: the model and the caller accept them."""
+    description, model, width, max_len = next(_beam_cases())
+    what = (f"beam_search(next_log_probs, beam_width={width}, max_len={max_len}, start_id={model.start_id}, "
+            f"end_id={model.end_id}) on {description}, with log-probabilities taken to be on a GPU")
+    with _MovesWatch() as watch:
+        model.watch = watch
+        call(beam_search_fn, model, width, max_len, model.start_id, model.end_id)
+    if watch.mixed is not None:
+        raise Mismatch(f"{what}: your code mixed a tensor made without device= (torch.zeros, torch.full, "
+                       "torch.tensor ...), which lives on the CPU whatever the model's device, with the "
+                       f"log-probabilities that next_log_probs returned, in `{watch.mixed}`. Where the model runs on "
+                       "a GPU, as the notebook's does there, its log-probabilities are on the GPU and that fails. "
+                       "Make such tensors on the log-probabilities' device (device=log_probs.device, or "
+                       "zeros_like, new_zeros, new_tensor, full_like), or work with Python numbers (.tolist())")
+
+
 _BEAM_MISTAKES = (
     ({"greedy": True}, "this is greedy decoding's answer: keep the beam_width best prefixes at every step, not one"),
     ({"score": "last"}, "you ranked the prefixes by the log-probability of their last token only; a prefix's score is "
@@ -466,6 +539,8 @@ def check_beam_search(beam_search_fn) -> str:
         got = expect_tensor(got, what=what, dtype="integer", convert=True).flatten().tolist()
         results.append((what, model, width, max_len, got, _variant(model, width, max_len)))
     wrong = [r for r in results if r[4] != r[5]]
+    if not wrong:
+        _beam_search_watched(beam_search_fn)
     device = _accelerator()
     if not wrong and device is not None:  # once more with a model whose log-probabilities live on the GPU
         description, model, width, max_len = next(_beam_cases())
@@ -681,7 +756,7 @@ def _gradients_flow(post_norm_decoder_layer) -> None:
     memory_padding = torch.tensor([[False] * S, [False, False, True, True]])
     what = (f"post_norm_decoder_layer(layer, h of shape {(B, T, E)} that requires grad, memory of shape {(B, S, E)}, "
             "memory_padding), with autograd on")
-    with forbidden(layer, reason="the layer's own forward is the pre-norm wiring; use its sub-modules"), \
+    with forbidden(layer, reason=_NOT_A_LAYER), \
             forbidden(*_LIBRARY_LAYERS, reason="this exercise asks you to wire the layer's own sub-modules yourself, "
                                                "not to hand them to a library layer"):
         got = call(post_norm_decoder_layer, layer, x, memory, memory_padding)
@@ -708,6 +783,9 @@ def _gradients_flow(post_norm_decoder_layer) -> None:
                            "DecoderLayer(norm_first=False) does")
 
 
+_NOT_A_LAYER = ("this exercise asks you to wire the layer's sub-modules yourself (norm1, self_attn, norm2, cross_attn, "
+                "norm3, feed_forward), not to run a DecoderLayer: the given layer's own forward is the pre-norm "
+                "wiring, and a DecoderLayer(norm_first=False) is the check's reference, the answer itself")
 _LIBRARY_LAYERS = (DecoderLayer.apply_sublayers, Transformer, torch.nn.TransformerDecoderLayer, torch.nn.TransformerDecoder,
                    torch.nn.Transformer, torch.nn.MultiheadAttention, torch.nn.functional.multi_head_attention_forward)
 
@@ -740,7 +818,7 @@ def check_post_norm_decoder_layer(post_norm_decoder_layer) -> str:
         what = (f"post_norm_decoder_layer(layer, h of shape (B, T, E) = {(B, T, E)}, memory of shape {(B, S, E)}, "
                 f"memory_padding with {name})")
         with torch.no_grad():
-            with forbidden(layer, reason="the layer's own forward is the pre-norm wiring; use its sub-modules"), \
+            with forbidden(layer, reason=_NOT_A_LAYER), \
                     forbidden(*_LIBRARY_LAYERS, reason="this exercise asks you to wire the layer's own sub-modules "
                                                        "yourself, not to hand them to a library layer"):
                 if T > 6:
