@@ -429,7 +429,7 @@ def test_the_question_is_part_of_exercise_3():
         # exercise 2 (second review): no loop by broadcasting, one product per query row, a fixed device, and the
         # loop stopped one tile early (named, not taken for a NaN of blocked keys)
         (check_causal_tile_attention, causal_tile_broadcast, "all at once (by broadcasting, or one query row"),
-        (check_causal_tile_attention, causal_tile_per_row, "all at once"),
+        (check_causal_tile_attention, causal_tile_per_row, "before its first exponential"),  # a row's keys at once
         (check_causal_tile_attention, causal_tile_fixed_device, "the meta device"),
         (check_causal_tile_attention, lambda *a: causal_tile(*a, early=True), "your loop stops too early"),
         (check_online_softmax_update, lambda m, s, b: (torch.maximum(m, b.amax(-1)),
@@ -509,7 +509,9 @@ def test_wrong_answers_are_explained(check, answer, text):
     [
         (64e9 / kv_cache_bytes(12, 12, 64, 1, 1, 2), "64 GB"),
         (2 * GPT2_TOKENS, "twice the answer"),
+        (2 * GPT2_TOKENS, "2 bytes"),  # the sixth review: 1 byte per number instead of float16's 2
         (12 * GPT2_TOKENS, "all 12 layers"),
+        (12 * GPT2_TOKENS, "all 12 heads"),  # the sixth review: 12 heads forgotten gets the same factor
         (GPT2_TOKENS / 12, "all 12 layers"),
         (GPT2_TOKENS * 1.02, "divide 64 GiB"),
         (GPT2_TOKENS / 1000, "divide 64 GiB"),
@@ -689,3 +691,133 @@ def test_crashing_and_untouched_answers(check):
     for untouched in (_scaffold, ...):
         assert check(untouched).status == "not attempted"
         assert "Not attempted yet" in str(check(untouched))
+
+
+# --- the sixth review's accepted answers: finite fills and fixed penalties in exercise 2 (and -1e5, -1e9 in
+# exercise 5), a two-pass answer written without a matrix product, tensors made without device= behind a value
+# read (exercises 1, 2 and 5), in-place writes that keep the values ---------------------------------------------
+
+def causal_tile_with_fill(query_tile, keys, values, first_query, block_size, fill=float("-inf"), additive=False,
+                          device=True, read=False, two_pass_elementwise=False, scores_of=None):
+    """The review's exercise-2 answers (wrong.py's `tile`): a fill or a penalty, no device=, a value read, and a
+    first pass written as broadcast-and-sum; with the defaults, a right answer."""
+    if read and bool(torch.isnan(query_tile).any()):  # a defensive read of a value
+        raise ValueError("NaN in the queries")
+    Lb, D = query_tile.shape
+    on = {"device": query_tile.device} if device else {}
+    kw = dict(dtype=query_tile.dtype, **on)
+    positions = first_query + torch.arange(Lb, **on)[:, None]
+    m, l, acc = torch.full((Lb, 1), float("-inf"), **kw), torch.zeros(Lb, 1, **kw), torch.zeros(Lb, values.size(1), **kw)
+    starts = [s for s in range(0, keys.size(0), block_size) if s <= first_query + Lb - 1]
+    if two_pass_elementwise:
+        S = min(keys.size(0), starts[-1] + block_size)
+        s_all = (query_tile[:, None, :] * keys[None, :S, :]).sum(-1) / math.sqrt(D)
+        s_all = s_all.masked_fill(torch.arange(S, **on)[None, :] > positions, float("-inf"))
+        m_all = s_all.amax(1, keepdim=True)
+    for k_start in starts:
+        kt, vt = keys[k_start:k_start + block_size], values[k_start:k_start + block_size]
+        s = (scores_of(query_tile, kt) if scores_of else query_tile @ kt.T) / math.sqrt(D)
+        blocked = k_start + torch.arange(kt.size(0), **on)[None, :] > positions
+        s = s - fill * blocked if additive else s.masked_fill(blocked, fill)
+        if two_pass_elementwise:
+            p = torch.exp(s - m_all)
+            l, acc = l + p.sum(1, keepdim=True), acc + p @ vt
+            continue
+        m_new = torch.maximum(m, s.amax(1, keepdim=True))
+        p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+        l, acc, m = l * c + p.sum(1, keepdim=True), acc * c + p @ vt, m_new
+    return acc / l, len(starts)
+
+
+def update_reads_then_zeros_on_cpu(running_max, running_sum, block):
+    """Wrong on a GPU (sixth review): the starting state taken apart with an if (a value read), and a tensor made
+    without device= only in the branch that the later steps take."""
+    if bool(torch.isinf(running_max).all()):
+        return block.amax(-1), torch.exp(block - block.amax(-1)[:, None]).sum(-1)
+    new_max = torch.maximum(running_max, block.amax(-1))
+    return new_max, (running_sum * torch.exp(running_max - new_max) + torch.exp(block - new_max[:, None]).sum(-1)
+                     + torch.zeros(running_max.shape[0]))
+
+
+def cache_step_asserts_then_mask_on_cpu(query, key, value, cache_keys, cache_values, length):
+    """Wrong on a GPU (sixth review): an assert reads a value, and the mask is made without device=."""
+    assert not bool(torch.isnan(query).any()), "NaN queries"
+    T, S = query.size(2), length + query.size(2)
+    cache_keys[:, :, length:S], cache_values[:, :, length:S] = key, value
+    allowed = torch.arange(S)[None, :] <= length + torch.arange(T)[:, None]  # on the CPU
+    return F.scaled_dot_product_attention(query, cache_keys[:, :, :S], cache_values[:, :, :S], attn_mask=allowed)
+
+
+def update_keeps_values_in_place(running_max, running_sum, block):
+    running_sum.mul_(1.0)
+    return update(running_max, running_sum, block)
+
+
+def merge_keeps_values_in_place(state_a, state_b):
+    state_a[1].mul_(1.0)
+    return merge(state_a, state_b)
+
+
+def cache_step_keeps_values_in_place(query, key, value, cache_keys, cache_values, length):
+    query.mul_(1.0)
+    return cache_attention_step(query, key, value, cache_keys, cache_values, length)
+
+
+@pytest.mark.parametrize(
+    "check, answer, text",
+    [
+        # finite fills and fixed penalties: every one the review tried, in both exercises
+        *[(check_causal_tile_attention, functools.partial(causal_tile_with_fill, fill=fill), "a finite fill such as -100")
+          for fill in (-100.0, -1e3, -1e4, -1e5, -1e9)],
+        *[(check_causal_tile_attention, functools.partial(causal_tile_with_fill, fill=penalty, additive=True),
+           "lowers the blocked scores by a fixed amount") for penalty in (1e4, 1e5, 1e9)],
+        (check_cache_attention_step, cache_step_with_fill(-1e5), "a finite fill such as -100"),
+        (check_cache_attention_step, cache_step_with_fill(-1e9), "a finite fill such as -100"),
+        (check_cache_attention_step, cache_step_with_fill(-1e5, additive=True), "lowers the blocked scores by a fixed amount"),
+        (check_cache_attention_step, cache_step_with_fill(-1e9, additive=True), "lowers the blocked scores by a fixed amount"),
+        # two passes, the first written as broadcast-and-sum (no matrix product to count)
+        (check_causal_tile_attention, functools.partial(causal_tile_with_fill, two_pass_elementwise=True),
+         "before its first exponential"),
+        # tensors made without device= behind a value read: run on the CPU under the device watch
+        (check_causal_tile_attention, functools.partial(causal_tile_with_fill, device=False, read=True),
+         "made without device="),
+        (check_cache_attention_step, cache_step_asserts_then_mask_on_cpu, "made without device="),
+        (check_online_softmax_update, update_reads_then_zeros_on_cpu, "made without device="),
+        # in-place writes that keep the values (the shared call() names them by the version counter)
+        (check_online_softmax_update, update_keeps_values_in_place, "changed its input"),
+        (check_merge_states, merge_keeps_values_in_place, "changed its input"),
+        (check_cache_attention_step, cache_step_keeps_values_in_place, "changed its input"),
+    ],
+)
+def test_sixth_review_wrong_answers_are_explained(check, answer, text):
+    feedback = check(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert text in feedback.message, feedback.message
+    assert "Hint:" in str(feedback)
+
+
+def test_sixth_review_right_answers_pass():
+    # exercise 2: -inf and the dtype's smallest number, as a fill or added; scores through vecdot or multi_dot
+    for answer in (causal_tile_with_fill,
+                   lambda q, k, v, f, n: causal_tile_with_fill(q, k, v, f, n, fill=torch.finfo(q.dtype).min),
+                   functools.partial(causal_tile_with_fill, scores_of=lambda q, k: torch.linalg.vecdot(q[:, None], k[None])),
+                   functools.partial(causal_tile_with_fill, scores_of=lambda q, k: torch.linalg.multi_dot([q, k.T])),
+                   lambda q, k, v, f, n: (causal_tile_with_fill(q, k, v, f, n)[0], np.int64(causal_tile_with_fill(q, k, v, f, n)[1])),
+                   functools.partial(causal_tile_with_fill, read=True)):  # a value read, every tensor on the device
+        assert check_causal_tile_attention(answer), str(check_causal_tile_attention(answer))
+    # exercise 5: the dtype's smallest number added (it rounds to -inf on -1e12), a value read with the mask on the device
+    answer = cache_step_with_fill("min", additive=True)
+    assert check_cache_attention_step(answer), str(check_cache_attention_step(answer))
+
+    def asserts_then_steps(q, k, v, ck, cv, n):
+        assert not bool(torch.isnan(q).any())
+        return cache_attention_step(q, k, v, ck, cv, n)
+
+    assert check_cache_attention_step(asserts_then_steps), str(check_cache_attention_step(asserts_then_steps))
+    # exercise 1: the starting state taken apart with an if, every tensor on the device
+    def reads_then_updates(m, s, b):
+        if bool(torch.isinf(m).all()):
+            return b.amax(-1), torch.exp(b - b.amax(-1)[:, None]).sum(-1)
+        return update(m, s, b)
+
+    assert check_online_softmax_update(reads_then_updates), str(check_online_softmax_update(reads_then_updates))

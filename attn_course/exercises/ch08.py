@@ -9,12 +9,16 @@ device, sizes unlike the notebook's, scores near 100 in float32 (``large_scores`
 float64, where an online softmax without its max shift overflows, and one case of exercises 1, 2, 3 and 5 on
 another device (``other_device``: the notebook's GPU, else the meta device). Exercise 2 also counts the
 matrix products and the exponentials of the answer: a loop over k tiles takes at least k of the latter,
-and an online one takes its first exponential before the second tile's scores (an answer that computes
-every tile's scores before any exponential took the maximum over all of them first: two passes). Exercise 5
-has a float32 run whose scores lie near 100, where a softmax written without its max shift overflows, a float64
-run whose scores all lie near -20000, below any finite mask fill (-100, -1e3, -1e4: the blocked keys then take the
-weight), and a float64 run in which each later key scores about 3000 more than the one before, where a mask that
-subtracts a fixed amount from the blocked scores lets them through.
+and an online one takes its first exponential before it combines the queries with a second tile's keys (it
+runs once more with every key after the first tile NaN and watches for a result computed from the queries
+that holds NaN before the first exponential, however the products are written: two passes, or every tile's
+scores stored, are named). Exercises 2 and 5 have float64 cases whose scores all lie near -20000 and at
+-1e12, below any finite mask fill tried (-100 to -1e9: the blocked keys then take the weight), and one in
+which each later key scores about 1e10 more than the one before, where a mask that subtracts a fixed amount
+from the blocked scores lets them through; -inf and the dtype's smallest number pass. Exercise 5 also has a
+float32 run whose scores lie near 100, where a softmax written without its max shift overflows. Where the
+meta device cannot run an answer (it reads a value), exercises 1, 2, 3 and 5 run it on the CPU under the
+shared device watch, which names a tensor made without device=; exercise 1 there runs both of its steps.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..masks import causal_mask
+from ._device import DeviceWatch
 from . import (Mismatch, attempted, call, call_elsewhere, exercise, expect, expect_close, expect_int, expect_number,
                expect_on_device, expect_tensor, large_scores, mutable, other_device, randn, rng, tolerance)
 
@@ -134,18 +141,28 @@ def check_online_softmax_update(update) -> str:
     rows = randn(2, 6, generator=generator, dtype=torch.float32)
     shown = ("update(...) on a stream of 2 rows of 6 float32 scores in blocks of 3, from running_max = -inf and "
              f"running_sum = 0, with every tensor on the {device.type} device")
+    shown_steps = (shown, shown.replace("from running_max = -inf and running_sum = 0", "the second block, from the "
+                                        "state after the first (a finite running_max)"))
     state = (torch.full((2,), float("-inf"), device=device), torch.zeros(2, device=device))
-    for start in (0, 3):
+    first_max = rows[:, :3].amax(dim=-1)  # the right state after the first block, for the CPU run of the second
+    right_states = ((torch.full((2,), float("-inf")), torch.zeros(2)),
+                    (first_max, torch.exp(rows[:, :3] - first_max[:, None]).sum(dim=-1)))
+    judged = True
+    for step, start in enumerate((0, 3)):
         # .cpu() ... .to(device) is right on a GPU; where the meta device cannot run the answer (it needs values),
-        # the first step runs on CPU copies under the shared device watch, which names a CPU tensor or result.
-        here = (torch.full((2,), float("-inf")), torch.zeros(2), rows[:, start:start + 3]) if start == 0 else None
+        # each step runs on CPU copies under the shared device watch, which names a CPU tensor or result: the
+        # first from the starting state, the second from a finite one, so that both branches of an answer that
+        # treats running_max = -inf apart are watched.
+        here = (*right_states[step], rows[:, start:start + 3])
         result = call_elsewhere(update, state[0], state[1], rows[:, start:start + 3].to(device), device=device,
-                                what=shown, copy_out_is_a_mistake=False, cpu_args=here)
+                                what=shown_steps[step], copy_out_is_a_mistake=False, cpu_args=here)
         if result is None:  # the meta device cannot judge the values: the CPU streams above did
-            break
-        state = tuple(expect_on_device(x, device, f"{shown}: {name}", dtype="float")
-                      for x, name in zip(_pair(result, shown), ("new_max", "new_sum")))
-    else:
+            judged = False
+            state = tuple(x.to(device) for x in right_states[1])
+            continue
+        state = tuple(expect_on_device(x, device, f"{shown_steps[step]}: {name}", dtype="float")
+                      for x, name in zip(_pair(result, shown_steps[step]), ("new_max", "new_sum")))
+    if judged:
         for x, name in zip(state, ("the final running maximum", "the final running sum")):
             expect_tensor(x, what=f"{shown}: {name}", shape=(2,))
         if device.type != "meta":  # meta tensors have no values to compare
@@ -235,7 +252,7 @@ _TILE_MISTAKES = (
 
 
 _PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "einsum", "tensordot", "inner", "linear", "addmm",
-             "baddbmm", "mv", "dot", "vdot", "chain_matmul"}
+             "baddbmm", "mv", "dot", "vdot", "chain_matmul", "vecdot", "multi_dot", "addbmm", "addmv", "bilinear"}
 
 
 class _CountProducts(TorchFunctionMode):
@@ -273,6 +290,47 @@ class _CountExponentials(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class _ScoresBeforeExp(TorchFunctionMode):
+    """Records the first torch call, before the answer's first exponential, whose result is computed from the
+    queries and holds NaN: with every key after the first tile set to NaN, that is a score (or a maximum) of a
+    later tile, however the products are written (matmul, broadcast and sum, vecdot ...). An online loop
+    exponentiates the first tile's scores before it computes any other tile's; a copy of the keys alone (a
+    transpose, keys / sqrt(D)) does not come from the queries and is not counted."""
+
+    def __init__(self, queries: torch.Tensor) -> None:
+        super().__init__()
+        self.from_queries = WeakIdKeyDictionary()
+        self.from_queries[queries] = True
+        self.exponentiated = False
+        self.found: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name.rstrip("_") in _EXPONENTIALS or name.lstrip("_").rstrip("_") in ("pow", "rpow"):
+            self.exponentiated = True
+        out = func(*args, **kwargs)
+        if self.exponentiated:
+            return out
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if not any(x in self.from_queries for x in leaves):
+            return out
+        if name == "__iter__":  # iterating over a tensor: its rows come from it
+            out = list(out)
+            for row in out:
+                self.from_queries[row] = True
+            return iter(out)
+        touched = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+        if name == "__setitem__" or name.endswith("_"):  # written in place: the target comes from the queries now
+            touched += [x for x in leaves[:1]]
+        for tensor in touched:
+            self.from_queries[tensor] = True
+            if (self.found is None and tensor.is_floating_point() and tensor.device.type != "meta"
+                    and bool(torch.isnan(tensor.detach()).any())):
+                self.found = name
+        return out
+
+
 def _unwritten_after(tensor: torch.Tensor, start: int) -> torch.Tensor:
     """A copy of ``tensor`` whose rows from ``start`` on are NaN, as memory that no one wrote would be."""
     poisoned = tensor.clone()
@@ -301,6 +359,10 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         ("one query late in the sequence, six tiles of 2 keys to read", 1, 14, 4, 3, 10, 2, torch.float64, 1.0),
         ("float32 scores near 0 in the first key tile and near 100 in the later ones", 2, 8, 4, 3, 4, 2, torch.float32, 1.0),
         ("float64 scores near 0 in the first key tile and near 1000 in the later ones", 2, 8, 4, 3, 4, 2, torch.float64, 1.0),
+        # where a finite mask fill or a fixed penalty lets the blocked keys through (as in exercise 5)
+        ("float64 scores all near -20000", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
+        ("float64 scores all equal to -1e12", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
+        ("float64 scores rising by 1e10 from each key to the next", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
     ]
     for description, Lb, S, D, Dv, first_query, block_size, dtype, key_scale in cases:
         query_tile = randn(Lb, D, generator=generator, dtype=dtype, scale=key_scale)
@@ -310,6 +372,14 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
             query_tile[:, 0] = 10.0  # the maximum rises by about `jump` at the second tile
             keys[:block_size, 0] = 0.0
             keys[block_size:, 0] = jump * math.sqrt(D) / 10.0
+        level = "-20000" if "near -20000" in description else "-1e12" if "-1e12" in description else None
+        rising = "rising" in description
+        if level == "-20000":  # coordinate 0: -10 in every query, 2000 sqrt(D) in every key: every score near -20000
+            query_tile[:, 0], keys[:, 0] = -10.0, 2000.0 * math.sqrt(D)
+        if level == "-1e12":  # only coordinate 0 of the queries: every score exactly -1e12, whatever the order of sums
+            query_tile[:, 1:], query_tile[:, 0], keys[:, 0] = 0.0, -1000.0, 1e9 * math.sqrt(D)
+        if rising:  # coordinate 0: 10 in every query, 1e9 t sqrt(D) in key t: key t scores about 1e10 t
+            query_tile[:, 0], keys[:, 0] = 10.0, 1e9 * math.sqrt(D) * torch.arange(S, dtype=dtype)
         values = randn(S, Dv, generator=generator, dtype=dtype)
         what = (f"causal_tile_attention(query_tile of shape {(Lb, D)}, keys of shape {(S, D)}, values of shape {(S, Dv)}, "
                 f"first_query={first_query}, block_size={block_size}) on {description}")
@@ -331,6 +401,11 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                            "at or before the last query's position holds keys that query sees; stop only at a tile that "
                            "starts *after* it. A query none of whose visible keys was read keeps l = 0, and acc / l is "
                            "NaN.")
+        if (torch.isnan(got).any() or torch.isinf(got).any()) and level:
+            raise Mismatch(f"{what}: your output holds NaN or inf. Every real score here lies near {level}: did your "
+                           "running maximum m start at a finite number above them (-1e4, -1e9)? Then it never comes "
+                           "down to the scores, every exp(score - m) underflows to 0 and l stays 0. Scores can be any "
+                           "number: start m at float('-inf'), and fill the blocked scores with float('-inf').")
         if (torch.isnan(got).any() or torch.isinf(got).any()) and jump:
             raise Mismatch(f"{what}: your output holds NaN or inf. The second key tile raises the maximum by about "
                            f"{jump:.0f}: did you exponentiate the scores against the old running maximum (score - m, "
@@ -347,6 +422,11 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                               "sees none of the tile's keys; read the tiles in order, so that key 0, which every query "
                               "sees, comes first"))
         if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
+            if level and torch.allclose(got, _finite_fill_rows(query_tile, keys, values, first_query, needed * block_size),
+                                        atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: {_FINITE_FILL.format(level=level)}")
+            if rising:
+                raise Mismatch(f"{what}: {_FIXED_PENALTY}")
             for options, message in _LOOP_MISTAKES:
                 variant = _tile_loop(query_tile, keys, values, first_query, block_size, **options)
                 if torch.allclose(got, variant, atol=1e-5, rtol=1e-4) and not torch.allclose(variant, expected, atol=1e-5):
@@ -393,6 +473,23 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                            "at a time over all its keys), not one tile after another. The loop is the exercise: read "
                            "one tile of keys at a time, exponentiate its scores against the running maximum and fold "
                            "them into m, l and acc.")
+        if needed > 1:  # once more, every key after the first tile NaN: a score of a later tile before the first
+            probe = _ScoresBeforeExp(query_tile)  # exponential becomes NaN, however the products are written
+            try:
+                with probe:
+                    causal_tile_attention(query_tile, _unwritten_after(keys, block_size), values, first_query,
+                                          block_size)
+            except Exception:  # the output is not read: only the order of the answer's operations counts
+                pass
+            if probe.found is not None:
+                raise Mismatch(f"{what}: your answer combined the queries with the keys of a later tile (from position "
+                               f"{block_size} on) before its first exponential (in a run where those keys were NaN, "
+                               f"a result of `{probe.found}` computed from the queries held NaN before any "
+                               "exponential): it took the maximum over every tile first (two passes over the keys, "
+                               "or every tile's scores stored), so it holds or recomputes a whole row of scores, "
+                               "which is what FlashAttention avoids. Keep m, l and acc per query as in section 4: "
+                               "compute the first tile's scores, update the running maximum, exponentiate that tile "
+                               "against it and fold it in before reading the next tile.")
     # Another device: the notebook's GPU, or the meta device (m, l or acc made without device= is named).
     device = other_device()
     query_tile, keys, values = (randn(*shape, generator=generator, dtype=torch.float32) for shape in ((3, 4), (9, 4), (9, 2)))
@@ -400,6 +497,9 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
              f"{device.type} device")
     result = call_elsewhere(causal_tile_attention, *(x.to(device) for x in (query_tile, keys, values)), 4, 3,
                             device=device, what=shown)
+    if result is None:  # the meta device cannot run it (it reads a value): on the CPU under the shared device watch
+        _watched_on_cpu(causal_tile_attention, (query_tile, keys, values), (query_tile, keys, values, 4, 3), shown,
+                        output=lambda r: r[0] if isinstance(r, (tuple, list)) and len(r) == 2 else r)
     if result is not None:
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise Mismatch(f"{shown}: return a pair (output, tiles_read); got {type(result).__name__}")
@@ -409,6 +509,46 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
             expect_close(output, _causal_rows(query_tile, keys, values, 4).float().to(device), what=f"{shown}: output")
     return ("your loop gives causal attention exactly, reads only the key tiles a query can see, and stays finite on "
             "float32 scores near 100: FlashAttention's inner loop, with its causal tile skipping.")
+
+
+_FINITE_FILL = ("the keys your mask blocks took the weight. Every real score here lies near {level}, far below your "
+                "fill value: a finite fill such as -100, -1e4, -1e5 or -1e9 blocks a key only while the real scores "
+                "lie far above it, and scores can be any number. Fill the blocked scores with float('-inf'), or "
+                "torch.finfo(scores.dtype).min, which lie below every score")
+_FIXED_PENALTY = ("keys after a query's position took the weight. Here each later key scores about 1e10 more than the "
+                  "one before: a mask that lowers the blocked scores by a fixed amount (subtracting 100, 1e4, 1e5 or "
+                  "1e9) leaves a blocked key above the visible ones whenever its score is that much higher, and scores "
+                  "can be any number. Replace the blocked scores with float('-inf') (or torch.finfo(scores.dtype).min)")
+
+
+def _finite_fill_rows(query_tile, keys, values, first_query: int, read: int) -> torch.Tensor:
+    """The tile's output when the blocked keys of the tiles read get a finite score far above the real ones."""
+    scores = query_tile.double() @ keys[:read].double().T / math.sqrt(query_tile.size(-1))  # (Lb, read)
+    blocked = torch.arange(scores.size(1))[None, :] > first_query + torch.arange(query_tile.size(0))[:, None]
+    return torch.softmax(scores.masked_fill(blocked, -100.0), dim=-1) @ values[:read].double()
+
+
+def _watched_on_cpu(fn, on_device: tuple, args: tuple, what: str, output=lambda result: result) -> None:
+    """Where the meta device cannot run an answer (it reads a value), run it on the CPU arguments ``args`` under
+    the shared device watch, with ``on_device`` (tensors, buffers to be written in place included) standing for
+    the device's: name a tensor made without device= that meets them, and an output (``output(result)``; a
+    count such as tiles_read may be a CPU number) left off the device. ``args`` may hold :func:`mutable` markers."""
+    with DeviceWatch(*on_device) as watch:
+        result = call(fn, *args)
+    if watch.mixed is not None:
+        raise Mismatch(f"{what}: your code reads a tensor's value, so the meta device (which stands for a GPU here "
+                       "and has no values) cannot run it. Run on the CPU instead, your code mixed a tensor made without "
+                       "device= (torch.zeros, torch.full, torch.tensor, torch.arange ...), which lives on the CPU "
+                       f"whatever the inputs, with tensors computed from the inputs in `{watch.mixed}`: on a GPU that "
+                       "fails. Make new tensors on the inputs' device (device= from an input, or zeros_like, "
+                       "new_zeros, full_like)")
+    if watch.off_device(output(result)):
+        raise Mismatch(f"{what}: your code reads a tensor's value, so the meta device (which stands for a GPU here "
+                       "and has no values) cannot run it. Run on the CPU instead, your output is made without device= "
+                       "(torch.zeros, torch.full, torch.tensor, torch.arange ..., or data brought to the host with "
+                       ".tolist(), .numpy(), .item()): on a GPU it would be on the CPU, not on the inputs' device. Make "
+                       "it on the inputs' device (device= from an input, or zeros_like, new_zeros, full_like), or move "
+                       "it back with .to(input.device)")
 
 
 def _state(scores: torch.Tensor, values: torch.Tensor):
@@ -598,9 +738,12 @@ def check_kv_cache_bytes(kv_cache_bytes, gpt2_tokens_in_64_gib=None) -> str:
         raise Mismatch(f"gpt2_tokens_in_64_gib = {answer:,.0f}: you used 64 GB (10^9 bytes); section 1's 64 GiB "
                        "are 64 times 2^30 bytes")
     if abs(answer - 2 * tokens) <= close * 2 * tokens:
-        raise Mismatch(f"gpt2_tokens_in_64_gib = {answer:,.0f}, twice the answer: a token stores a key *and* a value")
+        raise Mismatch(f"gpt2_tokens_in_64_gib = {answer:,.0f}, twice the answer: a token stores a key *and* a value, "
+                       "and each float16 number takes 2 bytes")
     if abs(answer - tokens * 12) <= close * tokens * 12 or abs(answer - tokens / 12) <= close * tokens / 12:
-        raise Mismatch(f"gpt2_tokens_in_64_gib = {answer:,.0f}: count all 12 layers, each with its own cache, once")
+        raise Mismatch(f"gpt2_tokens_in_64_gib = {answer:,.0f}, off by a factor of 12: GPT-2 small has 12 layers and 12 "
+                       "heads per layer; count all 12 layers (each keeps its own cache) and all 12 heads (each its own "
+                       "keys and values), each once")
     expect(abs(answer - tokens) <= close * tokens,
            f"gpt2_tokens_in_64_gib = {answer:,.0f}: divide 64 GiB by the bytes one token of GPT-2 small's cache takes "
            "(kv_cache_bytes with seq_len=1 and batch_size=1); within half a percent counts as right")
@@ -658,9 +801,10 @@ _CACHE_RUNS = (  # (B, H, D, max_len, dtype, steps as (first token, end)): the n
     (3, 2, 5, 11, torch.float32, ((0, 2), (2, 3), (3, 7))),  # three sequences, an odd head width
     (2, 2, 4, 10, torch.float32, ((0, 3), (3, 4), (4, 7))),  # float32 scores near 100 (see _check_cache_run)
     (2, 2, 4, 10, torch.float64, ((0, 3), (3, 4), (4, 7))),  # float64 scores near -20000, below any finite fill
-    (1, 2, 4, 9, torch.float64, ((0, 5), (5, 6), (6, 9))),  # float64, each later key scoring 3000 more
+    (1, 2, 4, 9, torch.float64, ((0, 5), (5, 6), (6, 9))),  # float64, each later key scoring 1e10 more
+    (2, 2, 4, 10, torch.float64, ((0, 3), (3, 4), (4, 7))),  # float64 scores all equal to -1e12, below -1e5 and -1e9
 )
-_LARGE_RUN, _FAR_BELOW_RUN, _RISING_RUN = 3, 4, 5  # indices in _CACHE_RUNS
+_LARGE_RUN, _FAR_BELOW_RUN, _RISING_RUN, _FARTHEST_RUN = 3, 4, 5, 6  # indices in _CACHE_RUNS
 
 
 @exercise(
@@ -671,8 +815,8 @@ _LARGE_RUN, _FAR_BELOW_RUN, _RISING_RUN = 3, 4, 5  # indices in _CACHE_RUNS
 )
 def check_cache_attention_step(cache_attention_step) -> str:
     for run, (B, H, D, max_len, dtype, steps) in enumerate(_CACHE_RUNS):
-        _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed=21 + run,
-                         large=run == _LARGE_RUN, far_below=run == _FAR_BELOW_RUN, rising=run == _RISING_RUN)
+        _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed=21 + run, large=run == _LARGE_RUN,
+                         far_below={_FAR_BELOW_RUN: "-20000", _FARTHEST_RUN: "-1e12"}.get(run), rising=run == _RISING_RUN)
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
     device = other_device()
     generator = rng(31)
@@ -682,6 +826,9 @@ def check_cache_attention_step(cache_attention_step) -> str:
              f"tensor on the {device.type} device")
     on = [x.to(device) for x in (q, k, v, cache_keys, cache_values)]
     got = call_elsewhere(cache_attention_step, *on[:3], mutable(on[3]), mutable(on[4]), 2, device=device, what=shown)
+    if got is None:  # the meta device cannot run it (it reads a value): on the CPU under the shared device watch
+        here = [x.clone() for x in (q, k, v, cache_keys, cache_values)]
+        _watched_on_cpu(cache_attention_step, here, (*here[:3], mutable(here[3]), mutable(here[4]), 2), shown)
     if got is not None:
         got = expect_on_device(got, device, shown, dtype="float")
         expect_tensor(got, what=shown, shape=(1, 2, 3, 4))
@@ -693,18 +840,20 @@ def check_cache_attention_step(cache_attention_step) -> str:
             "of ac.cached_self_attention.")
 
 
-def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed, large=False, far_below=False,
+def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed, large=False, far_below=None,
                      rising=False) -> None:
     generator = rng(seed)
     tokens = steps[-1][1]
     q, k, v = (randn(B, H, tokens, D, generator=generator, dtype=dtype) for _ in range(3))  # (B, H, tokens, D)
     if large:  # coordinate 0: 10 in every query, 10 sqrt(D) in every key, so every score lies near 100
         q[..., 0], k[..., 0] = 10.0, 10.0 * math.sqrt(D)
-    if far_below:  # coordinate 0: -10 in every query, 2000 sqrt(D) in every key, so every score lies near -20000:
-        q[..., 0], k[..., 0] = -10.0, 2000.0 * math.sqrt(D)  # a finite fill (-100, -1e3, -1e4) lies above them all
-    if rising:  # coordinate 0: 10 in every query, 300 t sqrt(D) in key t, so that key t scores about 3000 t: each
-        q[..., 0] = 10.0  # later key 3000 above the one before, and a blocked score lowered by a fixed amount (minus
-        k[..., 0] = 300.0 * math.sqrt(D) * torch.arange(tokens, dtype=dtype)  # 100, or 1e4) still outranks the rest
+    if far_below == "-20000":  # coordinate 0: -10 in every query, 2000 sqrt(D) in every key: every score near
+        q[..., 0], k[..., 0] = -10.0, 2000.0 * math.sqrt(D)  # -20000, below a finite fill of -100, -1e3 or -1e4
+    if far_below == "-1e12":  # only coordinate 0 of the queries: every score exactly -1e12, below -1e5 and -1e9 too
+        q[..., 1:], q[..., 0], k[..., 0] = 0.0, -1000.0, 1e9 * math.sqrt(D)
+    if rising:  # coordinate 0: 10 in every query, 1e9 t sqrt(D) in key t, so that key t scores about 1e10 t: each
+        q[..., 0] = 10.0  # later key 1e10 above the one before, and a blocked score lowered by a fixed amount (minus
+        k[..., 0] = 1e9 * math.sqrt(D) * torch.arange(tokens, dtype=dtype)  # 100, 1e5 or 1e9) still outranks the rest
     full = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True).to(dtype)  # (B, H, tokens, D)
     cache_keys = torch.zeros(B, H, max_len, D, dtype=dtype)  # (B, H, max_len, D): nothing stored yet
     cache_values = torch.zeros(B, H, max_len, D, dtype=dtype)
@@ -742,16 +891,13 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
                            "F.scaled_dot_product_attention, which do).")
         if torch.isnan(got).any():
             raise Mismatch(f"{what}: your output holds NaN, which happens when a query has every key blocked. "
-                           "ac.causal_mask is True where attending is *allowed*: did you use it the other way round?")
+                           "ac.causal_mask is True where attending is *allowed*: did you use it the other way round? Or "
+                           "does your mask hide each query's own key? New query i (token length + i) sees keys 0 .. "
+                           "length + i, its own included (the first token of a prompt sees only itself).")
         right = full[:, :, start:end]
         atol = 1e-6 if dtype == torch.float64 else 1e-5
         if rising and not torch.allclose(got, right.double(), atol=atol):
-            raise Mismatch(f"{what}: keys after a query's position took the weight. Here each later key scores about "
-                           "3000 more than the one before: a mask that lowers the blocked scores by a fixed amount "
-                           "(subtracting 100 or 1e4) leaves a blocked key above the visible ones whenever its score "
-                           "is that much higher, and scores can be any number. Replace the blocked scores with "
-                           "float('-inf') (or torch.finfo(scores.dtype).min), or pass the boolean mask to "
-                           "F.scaled_dot_product_attention.")
+            raise Mismatch(f"{what}: {_FIXED_PENALTY}, or pass the boolean mask to F.scaled_dot_product_attention.")
         if not torch.allclose(got, right.double(), atol=atol):
             for name, message in _CACHE_MISTAKES:
                 mask = {"no mask": None, "whole buffer": None, "top left": "top_left", "inverted": "inverted"}.get(
@@ -762,10 +908,7 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
                     raise Mismatch(f"{what}: {message}.")
             if far_below and torch.allclose(got, _finite_fill_reference(*new, before_keys, before_values, start),
                                             atol=atol):
-                raise Mismatch(f"{what}: the keys your mask blocks took the weight. Every real score here lies near "
-                               "-20000, far below your fill value: a finite fill such as -100, -1e3 or -1e4 blocks a "
-                               "key only while the real scores lie far above it, and scores can be any number. Fill "
-                               "the blocked scores with float('-inf'), or torch.finfo(scores.dtype).min, which lie "
-                               "below every score (or pass the boolean mask to F.scaled_dot_product_attention).")
+                raise Mismatch(f"{what}: {_FINITE_FILL.format(level=far_below)} (or pass the boolean mask to "
+                               "F.scaled_dot_product_attention).")
         expect_close(got, right, what=f"{what}: the outputs of the new tokens (they must equal causal attention over "
                                       f"all {end} tokens, at positions {start}..{end - 1})")
