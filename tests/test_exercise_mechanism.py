@@ -964,3 +964,16 @@ def test_call_names_an_in_place_write_that_keeps_the_values():
     with pytest.raises(ex.Mismatch, match="changed its input `inputs` in place"):  # named by the module's forward
         ex.call(Doubles(), x)
     assert ex.call(layer, x).shape == (3,)
+
+
+def test_device_watch_keeps_the_original_of_a_move_on_the_cpu():
+    from attn_course.exercises._device import DeviceWatch
+    x, loose = torch.randn(3), torch.randn(3)
+    with DeviceWatch(x) as watch:
+        moved = loose.to(x.device)  # on the CPU .to returns the tensor itself; on a GPU a new one
+        y = x + moved
+    assert watch.mixed is None and watch.off_device(y) == 0 and watch.off_device(loose) == 1
+    with DeviceWatch(x) as watch:
+        loose.to(x.device)
+        x + loose  # the original was not moved: on a GPU this fails
+    assert watch.mixed in ("add", "__add__")

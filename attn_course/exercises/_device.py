@@ -66,6 +66,8 @@ class DeviceWatch(TorchFunctionMode):
             for row in out:
                 self.placed[row] = True
             return iter(out)
+        if name in ("to", "type_as", "cuda") and args and out is args[0] and out not in self.placed:
+            out = out.view_as(out)  # on a GPU the move makes a new tensor: the original stays on the CPU
         if placed or kwargs.get("device") is not None or name in ("to", "type_as", "cuda"):
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):

@@ -468,23 +468,6 @@ def _beam_cases():
         yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
 
 
-class _MovesWatch(DeviceWatch):
-    """A :class:`DeviceWatch` in which moving a CPU tensor to the device (``.to(log_probs.device)``, ``.cuda()``,
-    ``.type_as``) leaves the original on the CPU, as on a GPU, where the move makes a new tensor: on the CPU the
-    move returns the tensor itself, which the watch would otherwise take to be on the device from then on."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        was_placed = source is not None and source in self.placed
-        out = super().__torch_function__(func, types, args, kwargs)
-        if source is not None and out is source and not was_placed and \
-                getattr(func, "__name__", "") in ("to", "cuda", "type_as"):
-            del self.placed[source]
-            out = source.view_as(source)
-            self.placed[out] = True
-        return out
-
-
 def _beam_search_watched(beam_search_fn) -> None:
     """The first case once more on the CPU, with the model's log-probabilities taken to be on a GPU, under a
     :class:`DeviceWatch`: a beam search reads values (.tolist(), float(), topk's indices), so the meta device
@@ -494,7 +477,7 @@ def _beam_search_watched(beam_search_fn) -> None:
     description, model, width, max_len = next(_beam_cases())
     what = (f"beam_search(next_log_probs, beam_width={width}, max_len={max_len}, start_id={model.start_id}, "
             f"end_id={model.end_id}) on {description}, with log-probabilities taken to be on a GPU")
-    with _MovesWatch() as watch:
+    with DeviceWatch() as watch:
         model.watch = watch
         call(beam_search_fn, model, width, max_len, model.start_id, model.end_id)
     if watch.mixed is not None:
