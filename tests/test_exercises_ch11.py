@@ -508,6 +508,29 @@ def scores_naive_for_prefill(q_content, q_rope, w_uk, latents, rope_keys):
     return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
 
 
+def scores_naive_when_prefill(q_content, q_rope, w_uk, latents, rope_keys):
+    """The seventh review's answer: vLLM's rule, the keys built when the queries are as many as the cached tokens."""
+    if q_content.size(2) >= latents.size(1):
+        return scores_naive(q_content, q_rope, w_uk, latents, rope_keys)
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+
+
+def scores_naive_when_an_eighth(q_content, q_rope, w_uk, latents, rope_keys):
+    """The seventh review's answer: the keys built when the queries are at least an eighth of the cached tokens."""
+    if 8 * q_content.size(2) >= latents.size(1):
+        return scores_naive(q_content, q_rope, w_uk, latents, rope_keys)
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+
+
+def scores_block_diagonal(q_content, q_rope, w_uk, latents, rope_keys):  # right: every head's block on one diagonal
+    B, H, L, D = q_content.shape
+    Dc = latents.size(-1)
+    blocks = torch.block_diag(*w_uk.split(D))  # (H*D, H*Dc)
+    q_latent = (q_content.transpose(1, 2).reshape(B, L, H * D) @ blocks).view(B, L, H, Dc).transpose(1, 2)
+    content = q_latent @ latents[:, None].transpose(-2, -1)  # (B, H, L, S)
+    return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
 def scores_keys_scalar_times_column(q_content, q_rope, w_uk, latents, rope_keys):
     """The sixth review's answer: each cached token's keys rebuilt as a sum of latent coordinate times column of W_UK;
     with batch 1 the coordinate is a one-element tensor."""
@@ -574,6 +597,9 @@ CASES = [
     (check_absorbed_scores, scores_keys_addr_in_chunks, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_by_division, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_naive_for_prefill, "incorrect", "the exercise is the absorbed decode path"),
+    (check_absorbed_scores, scores_naive_when_prefill, "incorrect", "the exercise is the absorbed decode path"),
+    (check_absorbed_scores, scores_naive_when_an_eighth, "incorrect", "the exercise is the absorbed decode path"),
+    (check_absorbed_scores, scores_block_diagonal, "correct", "no key is rebuilt"),
     (check_absorbed_scores, scores_keys_scalar_times_column, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_in_python_numbers, "incorrect", "you called Tensor.item"),
     (check_absorbed_scores, scores_keys_through_float, "incorrect", "you called Tensor.__float__"),

@@ -18,7 +18,10 @@ multiply-adds (matrix, outer and elementwise products, and quotients of two tens
 product counts by the size of its output, so a one-element operand hides nothing) as rebuilding one head's
 keys. Each case applies those two limits where its sizes tell the forms apart (where every absorbed answer
 stays below them); two cases do, one query with batch 1 and three queries with batch 2, so that an answer
-that rebuilds the keys only for several queries (section 4's advice for prefill) is named too. It also forbids
+that rebuilds the keys only for several queries (section 4's advice for prefill) is named too. A third, a prefill
+(as many queries as cached tokens, heads 32 times wider than the latent), names an answer that rebuilds the keys
+whenever the queries are about as many as the cached tokens (vLLM's rule): there every query still meets every
+key in the head width, several times the work of the absorbed form, which scores in the latent's width. It also forbids
 leaving torch (``Tensor.numpy``, ``__array__``, ``tolist``, ``item``, ``float()``, ``int()``): keys built in
 numpy, Python lists or Python numbers would hide from that watch, on a machine with a GPU as on one without.
 
@@ -168,7 +171,8 @@ def _absorbed_bounds(B, H, L, D, Dc, Dr, S):
     return largest, work
 
 
-def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.float32, decode_passed=False):
+def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.float32, decode_passed=False,
+                 prefill=False):
     q_content = randn(B, H, L, D, generator=generator, dtype=dtype)
     q_rope = randn(B, H, L, Dr, generator=generator, dtype=dtype)
     w_uk = randn(H * D, Dc, generator=generator, dtype=dtype, scale=0.5)
@@ -192,6 +196,20 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
                        "Section 4 counts building the keys as less work for a prefill (as many queries as cached "
                        "tokens), and serving systems do it there; that is a serving choice, not this exercise: the "
                        "exercise is the absorbed decode path, the same for every L. Multiply each head's queries by its block of W_UK first, then score them against the "
+                       "latents themselves")
+    # A prefill (L == S) with heads much wider than the latent: building the keys is no cheaper here, since every
+    # query still meets every key in width d_h (B*H*L*S*D multiply-adds), far above the absorbed ceiling.
+    scored_in_head_width = B * H * L * S * D
+    if prefill and watcher.multiply_adds >= scored_in_head_width > work:
+        raise Mismatch(f"{what}: with L = S = {L} (a prefill) your function did {watcher.multiply_adds:,} "
+                       f"multiply-adds, as many as scoring every query against a key of width d_h = {D} for every "
+                       f"cached token ({scored_in_head_width:,}); the absorbed form scores in width d_c + d_h^R = "
+                       f"{Dc + Dr} and does at most {work:,} here: with several queries your function rebuilt the "
+                       "cached tokens' keys, though with one query it did not. "
+                       "Section 4 counts building the keys as less work for a prefill at its sizes, and serving "
+                       "systems choose it there (vLLM when the queries are about as many as the cached tokens); that "
+                       "is a serving choice, not this exercise: the exercise is the absorbed decode path, the same for "
+                       "every L. Multiply each head's queries by its block of W_UK first, then score them against the "
                        "latents themselves")
     if watch_size and watcher.numel >= B * S * D:
         raise Mismatch(f"{what}: your function made a tensor of shape {watcher.shape}, {watcher.numel:,} numbers, as "
@@ -260,11 +278,15 @@ def _in_torch() -> forbidden:
 )
 def check_absorbed_scores(absorbed_scores) -> str:
     generator = rng(1102)
-    # Every case is watched; these two have many cached tokens and wide heads, so that building the keys shows:
-    # one query (decoding) with batch 1, then three queries with batch 2 (an answer that builds the keys only for
-    # several queries, as section 4 advises for prefill, passes the first and is named at the second).
+    # Every case is watched; these three have wide heads, so that building the keys shows: one query (decoding)
+    # with batch 1 and many cached tokens, then three queries with batch 2 (an answer that builds the keys only for
+    # several queries, as section 4 advises for prefill, passes the first and is named at the second), then a prefill.
     _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=24, Dc=5, Dr=4, S=60)
     _scores_case(absorbed_scores, generator, B=2, H=2, L=3, D=48, Dc=4, Dr=2, S=48, decode_passed=True)
+    # A prefill, as many queries as cached tokens, with heads much wider than the latent: an answer that builds the
+    # keys whenever the queries are about as many as the cached tokens (vLLM's rule) does 10,496 multiply-adds here,
+    # the absorbed form 2,560 (its ceiling 3,776), and it is named.
+    _scores_case(absorbed_scores, generator, B=1, H=2, L=8, D=64, Dc=2, Dr=2, S=8, prefill=True)
     # The notebook's sizes, then others: several queries, batch 3, one head, a head wider and narrower than the
     # latent, no rotary part, float64 (too small for the limits to tell the forms apart, so they check the numbers).
     for B, H, L, D, Dc, Dr, S in ((2, 4, 1, 8, 6, 4, 10), (3, 3, 4, 6, 10, 2, 7), (1, 1, 2, 5, 3, 2, 9),
