@@ -284,6 +284,13 @@ def decay_mask_by_multiplication(gate):  # exp overflows to inf above the diagon
     return (log_cumulative[..., :, None] - log_cumulative[..., None, :]).exp() * lower
 
 
+def decay_log1p(gate):  # the seventh review's: log1p(gate - 1) rounds 1e-30 - 1 to -1, so log of 1e-30 is -inf
+    L = gate.size(-1)
+    log_cumulative = torch.log1p(gate - 1).cumsum(-1)
+    causal = torch.ones(L, L, dtype=torch.bool, device=gate.device).tril()
+    return (log_cumulative[..., :, None] - log_cumulative[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+
+
 def decay_epsilon(gate, epsilon=1e-6):  # a "safety" epsilon inside the logarithm
     return decay_logs(gate + epsilon)
 
@@ -473,6 +480,7 @@ WRONG = [
     (check_decay_matrix, decay_mask_on_cpu, "made without device="),
     (check_decay_matrix, decay_check_reference, "the check's own code"),
     (check_decay_matrix, decay_mask_by_multiplication, r"NaN above the diagonal only.*overflows to inf.*inf \* 0"),
+    (check_decay_matrix, decay_log1p, r"NaN on or below the diagonal, in the case with a gate of 1e-30.*log1p"),
     (check_decay_matrix, decay_epsilon, "the gates plus 1e-6"),
     (check_decay_matrix, _wrong(decay_epsilon, epsilon=1e-4), "the gates plus 1e-4"),
     (check_decay_matrix, decay_floored, r"floored at 0\.03 \(as with gate\.clamp\(min=0\.03\)\)"),

@@ -317,6 +317,12 @@ def check_decay_matrix(decay_matrix) -> str:
                                "multiplication then gives inf * 0 = NaN. Make the entries above the diagonal 0 "
                                "without multiplying them: fill the logs with -inf before exponentiating, or select "
                                "with torch.where")
+            if "1e-30" in note:  # the failing case is the gate of 1e-30, not a long run of small gates
+                raise Mismatch(f"{what}: your matrix contains {bad} on or below the diagonal, in the case with a gate "
+                               "of 1e-30. Its logarithm is finite (about -69.1), but a logarithm computed another way "
+                               "may not be: log1p(gate - 1) rounds 1e-30 - 1 to -1 and gives -inf, and -inf - (-inf) "
+                               "is NaN. Take the logarithm of the gates as they are (gate.log()), add the logarithms (a "
+                               "cumulative sum) and exponentiate their differences, or multiply the gates of each range")
             raise Mismatch(f"{what}: your matrix contains {bad}. A running product of 256 gates of 0.05 is about "
                            "1e-333, which underflows to 0 even in float64, and a ratio of two such products is 0 / 0; "
                            "add logarithms (a cumulative sum) and exponentiate their differences, or multiply the gates "
