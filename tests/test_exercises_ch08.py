@@ -821,3 +821,71 @@ def test_sixth_review_right_answers_pass():
         return update(m, s, b)
 
     assert check_online_softmax_update(reads_then_updates), str(check_online_softmax_update(reads_then_updates))
+
+
+# --- the seventh review's accepted answers: larger finite fills, fixed penalties and starting maxima in
+# exercises 2 and 5 (named on float64 scores at -1e300 and rising by 1e300), and half precision in 1 and 3 ----------
+
+def causal_tile_starting_at(query_tile, keys, values, first_query, block_size, start=float("-inf")):
+    """Exercise 2's loop with the running maximum m started at ``start`` (right only for -inf and the dtype's min)."""
+    Lb, D = query_tile.shape
+    kw = dict(dtype=query_tile.dtype, device=query_tile.device)
+    positions = first_query + torch.arange(Lb, device=query_tile.device)[:, None]
+    m, l, acc = torch.full((Lb, 1), start, **kw), torch.zeros(Lb, 1, **kw), torch.zeros(Lb, values.size(1), **kw)
+    starts = [s for s in range(0, keys.size(0), block_size) if s <= first_query + Lb - 1]
+    for k_start in starts:
+        kt, vt = keys[k_start:k_start + block_size], values[k_start:k_start + block_size]
+        s = query_tile @ kt.T / math.sqrt(D)
+        s = s.masked_fill(k_start + torch.arange(kt.size(0), device=s.device)[None, :] > positions, float("-inf"))
+        m_new = torch.maximum(m, s.amax(1, keepdim=True))
+        p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+        l, acc, m = l * c + p.sum(1, keepdim=True), acc * c + p @ vt, m_new
+    return acc / l, len(starts)
+
+
+def update_half_sum(running_max, running_sum, block):
+    """The review's half-precision sum: the block's exponentials taken in float16, the result float64."""
+    new_max = torch.maximum(running_max, block.amax(-1))
+    return new_max, running_sum * torch.exp(running_max - new_max) + torch.exp((block - new_max[:, None]).half()).sum(-1)
+
+
+def update_bfloat16_result(running_max, running_sum, block):
+    return tuple(x.bfloat16() for x in update(running_max, running_sum, block))
+
+
+def merge_half(state_a, state_b):
+    return tuple(x.half() for x in merge(state_a, state_b))
+
+
+@pytest.mark.parametrize(
+    "check, answer, text",
+    [
+        *[(check_causal_tile_attention, functools.partial(causal_tile_with_fill, fill=fill), "a finite fill such as -100")
+          for fill in (-1e13, -1e15, -1e30)],
+        *[(check_causal_tile_attention, functools.partial(causal_tile_with_fill, fill=penalty, additive=True),
+           "lowers the blocked scores by a fixed amount") for penalty in (1e13, 1e15, 1e30)],
+        *[(check_causal_tile_attention, functools.partial(causal_tile_starting_at, start=start),
+           "did your running maximum m start at a finite number above them") for start in (-1e4, -1e13, -1e30)],
+        *[(check_cache_attention_step, cache_step_with_fill(fill), "a finite fill such as -100") for fill in (-1e15, -1e30)],
+        *[(check_cache_attention_step, cache_step_with_fill(-penalty, additive=True),
+           "lowers the blocked scores by a fixed amount") for penalty in (1e15, 1e30)],
+        (check_online_softmax_update, update_half_sum, "the rounding of a 16-bit dtype"),
+        (check_online_softmax_update, update_bfloat16_result, "is bfloat16: a 16-bit dtype"),
+        (check_merge_states, merge_half, "is float16: a 16-bit dtype"),
+    ],
+)
+def test_seventh_review_wrong_answers_are_explained(check, answer, text):
+    feedback = check(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert text in feedback.message, feedback.message
+    assert "Hint:" in str(feedback)
+
+
+def test_seventh_review_right_answers_pass():
+    # -inf and the dtype's smallest number, as a fill or a starting maximum, on the scores near -1e300 too
+    for answer in (causal_tile_starting_at,
+                   lambda q, k, v, f, n: causal_tile_starting_at(q, k, v, f, n, start=torch.finfo(q.dtype).min),
+                   lambda q, k, v, f, n: causal_tile_with_fill(q, k, v, f, n, fill=torch.finfo(q.dtype).min)):
+        assert check_causal_tile_attention(answer), str(check_causal_tile_attention(answer))
+    for answer in (cache_step_with_fill(float("-inf")), cache_step_with_fill("min")):
+        assert check_cache_attention_step(answer), str(check_cache_attention_step(answer))

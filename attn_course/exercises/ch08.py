@@ -12,10 +12,12 @@ matrix products and the exponentials of the answer: a loop over k tiles takes at
 and an online one takes its first exponential before it combines the queries with a second tile's keys (it
 runs once more with every key after the first tile NaN and watches for a result computed from the queries
 that holds NaN before the first exponential, however the products are written: two passes, or every tile's
-scores stored, are named). Exercises 2 and 5 have float64 cases whose scores all lie near -20000 and at
--1e12, below any finite mask fill tried (-100 to -1e9: the blocked keys then take the weight), and one in
-which each later key scores about 1e10 more than the one before, where a mask that subtracts a fixed amount
-from the blocked scores lets them through; -inf and the dtype's smallest number pass. Exercise 5 also has a
+scores stored, are named). Exercises 2 and 5 have float64 cases whose scores all lie near -20000, at
+-1e12 and at -1e300, below any finite mask fill or starting maximum tried (-100 to -1e30: the blocked keys
+then take the weight), and ones in which each later key scores about 1e10 or 1e300 more than the one before,
+where a mask that subtracts a fixed amount from the blocked scores lets them through; -inf and the dtype's
+smallest number pass. Half-precision results of exercises 1 and 3 (a float16 or bfloat16 result, or a sum
+off by 16-bit rounding) are named. Exercise 5 also has a
 float32 run whose scores lie near 100, where a softmax written without its max shift overflows. Where the
 meta device cannot run an answer (it reads a value), exercises 1, 2, 3 and 5 run it on the CPU under the
 shared device watch, which names a tensor made without device=; exercise 1 there runs both of its steps.
@@ -78,6 +80,8 @@ def check_online_softmax_update(update) -> str:
             and torch.allclose(new_max.double(), torch.maximum(running_max.max(), block.max()).expand(3))):
         raise Mismatch("new_max is the largest score of the whole block, repeated: the maximum is per row, "
                        "not global")
+    for result, name in ((new_max, "new_max"), (new_sum, "new_sum")):
+        _not_half(result, f"update(running_max, running_sum, block) with float64 inputs: {name}")
     expect_close(new_max, expected_max, what="new_max (the largest score seen so far, per row)")
     not_rescaled = running_sum + torch.exp(block - expected_max[:, None]).sum(dim=-1)
     expected_sum = running_sum * torch.exp(running_max - expected_max) + torch.exp(block - expected_max[:, None]).sum(dim=-1)
@@ -91,6 +95,12 @@ def check_online_softmax_update(update) -> str:
     if not torch.allclose(got_sum, expected_sum) and torch.allclose(got_sum, inverted):
         raise Mismatch("new_sum rescales the old sum by exp(new_max - running_max), which is 1 or more: the rescaling "
                        "goes the other way, exp(running_max - new_max), at most 1")
+    off = float(((got_sum - expected_sum).abs() / expected_sum.abs()).max())  # the largest relative error
+    if 1e-5 < off <= 3e-2:  # float32's rounding is about 1e-7, float16's 5e-4, bfloat16's 4e-3
+        raise Mismatch(f"new_sum is off by a relative {off:.1e} with float64 inputs: that is the rounding of a 16-bit "
+                       "dtype (float16 keeps about 3 significant digits, bfloat16 about 2), so a step of your sum went "
+                       "through float16 or bfloat16 (.half(), .bfloat16(), or a tensor made in that dtype). Keep the "
+                       "inputs' dtype: a running sum over many blocks needs at least float32")
     expect_close(new_sum, expected_sum, what="new_sum (sum of exp(score - new_max) over the scores seen so far)")
     # Then whole streams, starting from nothing seen (max -inf, sum 0): the notebook's rows, rows of other
     # widths in blocks of 1 and of 4, and float32 rows near +100 and -100, where exp(score) overflows.
@@ -171,6 +181,14 @@ def check_online_softmax_update(update) -> str:
                          what=f"{shown}: max + log(sum) after all blocks (it must equal torch.logsumexp)", atol=1e-4)
     return ("streaming the blocks through your update gives the exact softmax normaliser (torch.logsumexp), also for "
             "float32 scores near 100 and float64 scores near 1000.")
+
+
+def _not_half(result, what: str) -> None:
+    """Name a float16 or bfloat16 result: the running state of a softmax loses too much in 16 bits."""
+    if isinstance(result, torch.Tensor) and result.dtype in (torch.float16, torch.bfloat16):
+        raise Mismatch(f"{what} is {str(result.dtype).replace('torch.', '')}: a 16-bit dtype keeps about 3 significant "
+                       "digits (bfloat16 about 2), too few for a running maximum, sum or accumulator. Keep the inputs' "
+                       "dtype (float64 here; float32 passes too): do not convert with .half() or .bfloat16()")
 
 
 def _near_1000(generator) -> torch.Tensor:
@@ -363,6 +381,11 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         ("float64 scores all near -20000", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
         ("float64 scores all equal to -1e12", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
         ("float64 scores rising by 1e10 from each key to the next", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
+        # steps beyond any fixed penalty short of float64's range (first: near -1e300, a penalty such as 1e30 is
+        # lost in rounding), and scores far below any finite fill or starting maximum a student tries (-1e30 too):
+        # -inf and torch.finfo(float64).min (-1.8e308) still pass
+        ("float64 scores rising by 1e300 from each key to the next", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
+        ("float64 scores all equal to -1e300", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
     ]
     for description, Lb, S, D, Dv, first_query, block_size, dtype, key_scale in cases:
         query_tile = randn(Lb, D, generator=generator, dtype=dtype, scale=key_scale)
@@ -372,14 +395,18 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
             query_tile[:, 0] = 10.0  # the maximum rises by about `jump` at the second tile
             keys[:block_size, 0] = 0.0
             keys[block_size:, 0] = jump * math.sqrt(D) / 10.0
-        level = "-20000" if "near -20000" in description else "-1e12" if "-1e12" in description else None
-        rising = "rising" in description
+        level = ("-20000" if "near -20000" in description else "-1e12" if "-1e12" in description
+                 else "-1e300" if "-1e300" in description else None)
+        rising = "1e300" if "rising by 1e300" in description else "1e10" if "rising" in description else None
         if level == "-20000":  # coordinate 0: -10 in every query, 2000 sqrt(D) in every key: every score near -20000
             query_tile[:, 0], keys[:, 0] = -10.0, 2000.0 * math.sqrt(D)
         if level == "-1e12":  # only coordinate 0 of the queries: every score exactly -1e12, whatever the order of sums
             query_tile[:, 1:], query_tile[:, 0], keys[:, 0] = 0.0, -1000.0, 1e9 * math.sqrt(D)
-        if rising:  # coordinate 0: 10 in every query, 1e9 t sqrt(D) in key t: key t scores about 1e10 t
-            query_tile[:, 0], keys[:, 0] = 10.0, 1e9 * math.sqrt(D) * torch.arange(S, dtype=dtype)
+        if level == "-1e300":  # the same with 1e297 sqrt(D) in every key: every score exactly -1e300
+            query_tile[:, 1:], query_tile[:, 0], keys[:, 0] = 0.0, -1000.0, 1e297 * math.sqrt(D)
+        if rising:  # coordinate 0: 10 in every query, 1e9 t sqrt(D) (or 1e299 t sqrt(D)) in key t: key t scores
+            step = 1e9 if rising == "1e10" else 1e299  # about 1e10 t (or 1e300 t)
+            query_tile[:, 0], keys[:, 0] = 10.0, step * math.sqrt(D) * torch.arange(S, dtype=dtype)
         values = randn(S, Dv, generator=generator, dtype=dtype)
         what = (f"causal_tile_attention(query_tile of shape {(Lb, D)}, keys of shape {(S, D)}, values of shape {(S, Dv)}, "
                 f"first_query={first_query}, block_size={block_size}) on {description}")
@@ -403,7 +430,7 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                            "NaN.")
         if (torch.isnan(got).any() or torch.isinf(got).any()) and level:
             raise Mismatch(f"{what}: your output holds NaN or inf. Every real score here lies near {level}: did your "
-                           "running maximum m start at a finite number above them (-1e4, -1e9)? Then it never comes "
+                           "running maximum m start at a finite number above them (-1e4, -1e9, -1e30)? Then it never comes "
                            "down to the scores, every exp(score - m) underflows to 0 and l stays 0. Scores can be any "
                            "number: start m at float('-inf'), and fill the blocked scores with float('-inf').")
         if (torch.isnan(got).any() or torch.isinf(got).any()) and jump:
@@ -426,7 +453,7 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                                         atol=1e-5, rtol=1e-4):
                 raise Mismatch(f"{what}: {_FINITE_FILL.format(level=level)}")
             if rising:
-                raise Mismatch(f"{what}: {_FIXED_PENALTY}")
+                raise Mismatch(f"{what}: {_FIXED_PENALTY.format(step=rising)}")
             for options, message in _LOOP_MISTAKES:
                 variant = _tile_loop(query_tile, keys, values, first_query, block_size, **options)
                 if torch.allclose(got, variant, atol=1e-5, rtol=1e-4) and not torch.allclose(variant, expected, atol=1e-5):
@@ -512,12 +539,12 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
 
 
 _FINITE_FILL = ("the keys your mask blocks took the weight. Every real score here lies near {level}, far below your "
-                "fill value: a finite fill such as -100, -1e4, -1e5 or -1e9 blocks a key only while the real scores "
-                "lie far above it, and scores can be any number. Fill the blocked scores with float('-inf'), or "
+                "fill value: a finite fill such as -100, -1e4, -1e9 or -1e30 blocks a key only while the real "
+                "scores lie far above it, and scores can be any number. Fill the blocked scores with float('-inf'), or "
                 "torch.finfo(scores.dtype).min, which lie below every score")
-_FIXED_PENALTY = ("keys after a query's position took the weight. Here each later key scores about 1e10 more than the "
-                  "one before: a mask that lowers the blocked scores by a fixed amount (subtracting 100, 1e4, 1e5 or "
-                  "1e9) leaves a blocked key above the visible ones whenever its score is that much higher, and scores "
+_FIXED_PENALTY = ("keys after a query's position took the weight. Here each later key scores about {step} more than the "
+                  "one before: a mask that lowers the blocked scores by a fixed amount (subtracting 100, 1e4, 1e9 or "
+                  "1e30) leaves a blocked key above the visible ones whenever its score is that much higher, and scores "
                   "can be any number. Replace the blocked scores with float('-inf') (or torch.finfo(scores.dtype).min)")
 
 
@@ -653,6 +680,8 @@ def check_merge_states(merge) -> str:
 def _merged(merge, a, b, what: str, R: int, Dv: int):
     """The student's merge of states a and b, as float64 (m, l, acc) of the expected shapes."""
     got = _triple(call(merge, a, b), what)
+    for x, name in zip(got, ("m", "l", "acc")):
+        _not_half(x, f"{what} with float64 states: {name}")
     m, l, acc = (expect_tensor(x, what=f"{what}: {name}", shape=shape)
                  for x, name, shape in zip(got, ("m", "l", "acc"), ((R,), (R,), (R, Dv))))
     single = any(x.dtype == torch.float32 for x in (m, l, acc))  # float32 results of float64 states pass
@@ -803,8 +832,10 @@ _CACHE_RUNS = (  # (B, H, D, max_len, dtype, steps as (first token, end)): the n
     (2, 2, 4, 10, torch.float64, ((0, 3), (3, 4), (4, 7))),  # float64 scores near -20000, below any finite fill
     (1, 2, 4, 9, torch.float64, ((0, 5), (5, 6), (6, 9))),  # float64, each later key scoring 1e10 more
     (2, 2, 4, 10, torch.float64, ((0, 3), (3, 4), (4, 7))),  # float64 scores all equal to -1e12, below -1e5 and -1e9
-)
-_LARGE_RUN, _FAR_BELOW_RUN, _RISING_RUN, _FARTHEST_RUN = 3, 4, 5, 6  # indices in _CACHE_RUNS
+    (1, 2, 4, 9, torch.float64, ((0, 5), (5, 6), (6, 9))),  # float64, each later key scoring 1e300 more
+    (2, 2, 4, 10, torch.float64, ((0, 3), (3, 4), (4, 7))),  # float64 scores all equal to -1e300, below -1e30 too
+)  # (the 1e300 steps first: near -1e300, a fixed penalty such as 1e30 is lost in rounding and reads as no mask)
+_LARGE_RUN, _FAR_BELOW_RUN, _RISING_RUN, _FARTHEST_RUN, _STEEPEST_RUN, _LOWEST_RUN = 3, 4, 5, 6, 7, 8  # in _CACHE_RUNS
 
 
 @exercise(
@@ -816,7 +847,8 @@ _LARGE_RUN, _FAR_BELOW_RUN, _RISING_RUN, _FARTHEST_RUN = 3, 4, 5, 6  # indices i
 def check_cache_attention_step(cache_attention_step) -> str:
     for run, (B, H, D, max_len, dtype, steps) in enumerate(_CACHE_RUNS):
         _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed=21 + run, large=run == _LARGE_RUN,
-                         far_below={_FAR_BELOW_RUN: "-20000", _FARTHEST_RUN: "-1e12"}.get(run), rising=run == _RISING_RUN)
+                         far_below={_FAR_BELOW_RUN: "-20000", _FARTHEST_RUN: "-1e12", _LOWEST_RUN: "-1e300"}.get(run),
+                         rising={_RISING_RUN: "1e10", _STEEPEST_RUN: "1e300"}.get(run))
     # Another device: the notebook's GPU, or the meta device (a mask made without device= is named).
     device = other_device()
     generator = rng(31)
@@ -841,7 +873,7 @@ def check_cache_attention_step(cache_attention_step) -> str:
 
 
 def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed, large=False, far_below=None,
-                     rising=False) -> None:
+                     rising=None) -> None:
     generator = rng(seed)
     tokens = steps[-1][1]
     q, k, v = (randn(B, H, tokens, D, generator=generator, dtype=dtype) for _ in range(3))  # (B, H, tokens, D)
@@ -851,9 +883,12 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
         q[..., 0], k[..., 0] = -10.0, 2000.0 * math.sqrt(D)  # -20000, below a finite fill of -100, -1e3 or -1e4
     if far_below == "-1e12":  # only coordinate 0 of the queries: every score exactly -1e12, below -1e5 and -1e9 too
         q[..., 1:], q[..., 0], k[..., 0] = 0.0, -1000.0, 1e9 * math.sqrt(D)
-    if rising:  # coordinate 0: 10 in every query, 1e9 t sqrt(D) in key t, so that key t scores about 1e10 t: each
-        q[..., 0] = 10.0  # later key 1e10 above the one before, and a blocked score lowered by a fixed amount (minus
-        k[..., 0] = 1e9 * math.sqrt(D) * torch.arange(tokens, dtype=dtype)  # 100, 1e5 or 1e9) still outranks the rest
+    if far_below == "-1e300":  # the same with 1e297 sqrt(D) in every key: every score exactly -1e300, below -1e30
+        q[..., 1:], q[..., 0], k[..., 0] = 0.0, -1000.0, 1e297 * math.sqrt(D)  # and any finite fill tried
+    if rising:  # coordinate 0: 10 in every query, 1e9 t sqrt(D) (or 1e299 t sqrt(D)) in key t, so that key t scores
+        q[..., 0] = 10.0  # about 1e10 t (1e300 t): each later key that much above the one before, and a blocked score
+        step = 1e9 if rising == "1e10" else 1e299  # lowered by a fixed amount (1e9, or 1e30) still outranks the rest
+        k[..., 0] = step * math.sqrt(D) * torch.arange(tokens, dtype=dtype)
     full = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True).to(dtype)  # (B, H, tokens, D)
     cache_keys = torch.zeros(B, H, max_len, D, dtype=dtype)  # (B, H, max_len, D): nothing stored yet
     cache_values = torch.zeros(B, H, max_len, D, dtype=dtype)
@@ -897,7 +932,8 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
         right = full[:, :, start:end]
         atol = 1e-6 if dtype == torch.float64 else 1e-5
         if rising and not torch.allclose(got, right.double(), atol=atol):
-            raise Mismatch(f"{what}: {_FIXED_PENALTY}, or pass the boolean mask to F.scaled_dot_product_attention.")
+            raise Mismatch(f"{what}: {_FIXED_PENALTY.format(step=rising)}, or pass the boolean mask to "
+                           "F.scaled_dot_product_attention.")
         if not torch.allclose(got, right.double(), atol=atol):
             for name, message in _CACHE_MISTAKES:
                 mask = {"no mask": None, "whole buffer": None, "top left": "top_left", "inverted": "inverted"}.get(
