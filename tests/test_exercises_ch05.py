@@ -507,6 +507,28 @@ def cross_log_softmax(queries, memory, mha, key_padding_mask):  # right: the wei
     return mha.out_proj(merge_heads(torch.log_softmax(s, -1).exp().nan_to_num(0.0) @ v))
 
 
+def cross_online_softmax(queries, memory, mha, key_padding_mask):  # the seventh review: the package's softmax
+    s, v = _scores_and_values(queries, memory, mha, key_padding_mask)
+    return mha.out_proj(merge_heads(ac.efficient.online_softmax(s) @ v))
+
+
+def cross_float32_mask(queries, memory, mha, key_padding_mask):  # the seventh review: a mask made without dtype=
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    additive = torch.where(key_padding_mask, float("-inf"), 0.0)[:, None, None, :]  # float32, whatever the scores
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + additive
+    return mha.out_proj(merge_heads(torch.softmax(s, -1).nan_to_num(0.0) @ v))
+
+
+def cross_additive_from_package(queries, memory, mha, key_padding_mask):  # the same, with the package's helper
+    H = mha.num_heads
+    q = split_heads(mha.q_proj(queries), H)
+    k, v = (split_heads(proj(memory), H) for proj in (mha.k_proj, mha.v_proj))
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + ac.blocked_to_additive(key_padding_mask)[:, None, None, :]
+    return mha.out_proj(merge_heads(torch.softmax(s, -1).nan_to_num(0.0) @ v))
+
+
 RIGHT = [
     (check_split_heads, split_heads),
     (check_split_heads, split_unflatten),
@@ -531,12 +553,11 @@ RIGHT = [
     # (the exercise's text says so)
     (check_cross_attention, cross_upcast),
     # the fourth review: answers that branch on a value (the meta device cannot run them; the CPU case is watched
-    # instead), and a fill far below any real score (-1e4 is accepted: the statement asks for minus infinity, the
-    # check names fills that the scores can pass)
+    # instead), and the smallest number of the scores' own dtype as the fill (the seventh review: every fixed finite
+    # fill is now named, see WRONG)
     (check_cross_attention, cross_branch_on_device),
     (check_cross_attention, cross_bool_loop_moved),
     (check_cross_attention, cross_branch_cpu_scalar),
-    (check_cross_attention, cross_finite_fill(-1e4)),
     (check_cross_attention, cross_finite_fill(None)),
     # the sixth review: written otherwise, still trainable (in place on the scores, which autograd did not save)
     (check_cross_attention, cross_scores_filled_in_place),
@@ -582,6 +603,11 @@ def test_crashing_answers_are_reported_without_a_traceback(check, answer, words)
     assert words in feedback.message and "Traceback" not in str(feedback), feedback.message
     assert "Hint:" in str(feedback)
 
+
+# A result moved to the CPU: named on the meta device (no accelerator) as a copy out of it, on an accelerator as a
+# result on the CPU.
+COPIED_TO_CPU = ("copies the input's data to the CPU" if ac.exercises.other_device().type == "meta"
+                 else "but your result is on cpu")
 
 # The table of plausible wrong answers: each must be rejected ("incorrect") with a message naming the mistake.
 WRONG = [
@@ -692,8 +718,8 @@ WRONG = [
     (check_cross_attention, cross_branch_cpu_zeros, "made without device="),
     (check_cross_attention, cross_branch_cpu_zeros, "`where`"),
     (check_cross_attention, cross_bool_loop_cpu_tensor, "made without device="),
-    (check_cross_attention, cross_finite_fill(-100.0), "a finite fill such as -100 or -1e3 is not low enough"),
-    (check_cross_attention, cross_finite_fill(-1e3), "a finite fill such as -100 or -1e3 is not low enough"),
+    (check_cross_attention, cross_finite_fill(-100.0), "a fixed finite fill (-100, -1e4, even float16's"),
+    (check_cross_attention, cross_finite_fill(-1e3), "a fixed finite fill (-100, -1e4, even float16's"),
     # the sixth review: right values that cannot be trained through (.detach() inside, torch.no_grad() around,
     # .detach() on v, the softmax's output zeroed in place), each named by the case run with autograd on
     (check_split_heads, lambda x, h: x.detach().unflatten(-1, (h, -1)).transpose(1, 2), "carries no gradient"),
@@ -706,6 +732,26 @@ WRONG = [
     (check_cross_attention, cross_zeroed_in_place, "modified by an inplace operation"),
     (check_cross_attention, cross_zeroed_in_place, "build a new tensor instead"),
     (check_cross_attention, cross_zeroed_by_index, "modified by an inplace operation"),
+    # the seventh review: the package's online_softmax (it gives a row that is all -inf zero weights), every fixed
+    # finite fill (the docstring let -1e4 pass while the message said a finite fill is wrong: now the real scores
+    # of that case are -180000, and a fixed fill below -65504 does not exist in float16), a float32 mask on float16
+    # scores, and a result moved to the CPU in Exercises 1 and 2 (named on the accelerator, else on the meta device)
+    (check_cross_attention, cross_online_softmax, "you called attn_course.online_softmax"),
+    (check_cross_attention, cross_finite_fill(-5e3), "a fixed finite fill (-100, -1e4, even float16's"),
+    (check_cross_attention, cross_finite_fill(-1e4), "a fixed finite fill (-100, -1e4, even float16's"),
+    (check_cross_attention, cross_finite_fill(-1.5e4), "a fixed finite fill (-100, -1e4, even float16's"),
+    (check_cross_attention, cross_finite_fill(-65504.0), "a fixed finite fill (-100, -1e4, even float16's"),
+    (check_cross_attention, cross_finite_fill(-1e5), "a fixed finite fill (-100, -1e4, even float16's"),
+    (check_cross_attention, cross_finite_fill(-1e6), "-1e9 does not exist in float16"),
+    (check_cross_attention, cross_finite_fill(-3.4e38), "-1e9 does not exist in float16"),
+    (check_cross_attention, cross_float32_mask, "promotes them to float32"),
+    (check_cross_attention, cross_additive_from_package, "promotes them to float32"),
+    (check_split_heads, lambda x, h: split_heads(x, h).cpu(), COPIED_TO_CPU),
+    (check_split_heads, lambda x, h: split_heads(x.to("cpu"), h), COPIED_TO_CPU),
+    (check_merge_heads, lambda c: merge_heads(c.cpu()), COPIED_TO_CPU),
+    (check_merge_heads, lambda c: merge_heads(c).to("cpu"), COPIED_TO_CPU),
+    (check_split_fused_qkv, lambda qkv, h: [t.to("cpu") for t in split_fused_qkv(qkv, h)], COPIED_TO_CPU),
+    (check_split_fused_qkv, lambda qkv, h: torch.stack(split_fused_qkv(qkv, h)).cpu(), COPIED_TO_CPU),
 ]
 
 

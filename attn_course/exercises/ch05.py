@@ -7,15 +7,20 @@ one token, one head, odd widths, ``L != S``), so that an answer that reads the n
 without the transpose, the per-head fused layout, narrowed values, the mask convention, the scale).
 Exercises 1 and 2 try float64 inputs too: a split or a merge only moves numbers, so every float64 digit
 must survive (a ``.float()`` on the way is named; the course's dtype rule otherwise lets a float32
-result of float64 inputs pass, see ``expect_close``). Exercise 3 forbids building the layers (the
+result of float64 inputs pass, see ``expect_close``), and one case with the input on :func:`other_device`
+(the accelerator, else the meta device), where a result moved to the CPU (``.cpu()``, ``.to("cpu")``) or made
+without ``device=`` is named. Exercise 3 forbids building the layers (the
 exercise asks for a formula). Exercise 4 forbids torch's and the package's attention, ``mha``'s own
-forward included (``forbid=("sdpa",)``), and the package's private masked softmax
-``alignment._weights_and_context``, and tries left padding, a memory that is all padding (zero
+forward included (``forbid=("sdpa",)``), the package's private masked softmax
+``alignment._weights_and_context`` and its ``efficient.online_softmax`` (which gives a row that is all
+-inf zero weights, half of the exercise), and tries left padding, a memory that is all padding (zero
 context, so ``out_proj``'s bias, never NaN), scores far above 88 (where a softmax without its max
 shift overflows, and a softmax over all keys renormalised after zeroing the padding underflows),
-real scores far below zero (about -1900 to -1700, where a finite fill such as -100 or -1e3 gives the
-padding all the weight; -1e4 and ``finfo(dtype).min`` pass), float64 and float16 (where a fill of -1e9
-overflows), and one case on :func:`other_device` (the machine's accelerator, else the meta device),
+real scores far below zero (all exactly -180000, where every fixed finite fill above them, -100, -1e4 or
+float16's -65504, gives the padding all the weight), float64 and float16 (where a fixed fill below -65504,
+such as -1e9, overflows, so that only ``float('-inf')`` and ``finfo(dtype).min`` pass both, and where a float32
+mask made without ``dtype=``, which promotes the scores, is named), and one case on :func:`other_device`
+(the machine's accelerator, else the meta device),
 where a tensor made without ``device=`` is named. An answer that branches on a tensor's value cannot run
 on the meta device: that case then runs on the CPU under the shared ``DeviceWatch`` of
 ``call_elsewhere(..., cpu_args=...)``, which names a tensor of one or more dimensions made without ``device=``
@@ -41,6 +46,7 @@ import torch
 from torch import nn
 
 from ..alignment import _weights_and_context
+from ..efficient import online_softmax
 from ..multihead import MultiHeadAttention
 from ._core import _StudentCodeFailed
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_gradients, expect_int,
@@ -90,6 +96,31 @@ def _heads(x: torch.Tensor, H: int) -> torch.Tensor:
     return x.view(B, T, H, E // H).transpose(1, 2)  # (B, T, E) -> (B, T, H, D) -> (B, H, T, D)
 
 
+def _elsewhere(fn, args: tuple, what: str, expected, parts=lambda result: (result,)) -> None:
+    """One case of Exercises 1 and 2 with the input on :func:`other_device` (the accelerator, else the meta device):
+    a result moved to the CPU (``.cpu()``, ``.to("cpu")``) or made without ``device=`` is named; on an
+    accelerator the values are compared too. ``parts`` turns the result into its tensors."""
+    device = other_device()
+    there = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    what = f"{what}, with the input on the {device.type} device"
+    try:
+        result = call_elsewhere(fn, *there, device=device, what=what, cpu_args=args)
+    except Mismatch as error:
+        if "cannot copy out of meta" in str(error).lower():
+            raise Mismatch(f"{what}: your code copies the input's data to the CPU (.cpu(), .to('cpu'), .numpy(), "
+                           ".tolist()), which the meta device (it stands for a GPU here: its tensors have shapes and "
+                           "dtypes but no values) cannot do. Splitting and merging only rearrange the input: keep "
+                           "the result on the input's device, never move it to a fixed one") from None
+        raise
+    if result is None:  # the meta device could not run it; the CPU run under the watch found nothing to name
+        return
+    for got, want in zip(parts(result), expected):
+        got = expect_on_device(got, device, what, dtype="float")
+        expect_tensor(got, what=what, shape=tuple(want.shape))
+        if device.type != "meta":
+            expect_close(got.detach().cpu(), want, what=what)
+
+
 @exercise(
     "Exercise 1a, split the width into heads",
     hint="first regroup the last axis into (heads, head width) while the tokens stay where memory keeps them, "
@@ -127,6 +158,8 @@ def check_split_heads(split_heads) -> str:
                            "per token")
         _keeps_float64(got, _heads(x, H), what, "A split")
         expect_close(got, _heads(x, H), what=what)
+    x = randn(2, 3, 8, generator=rng(64))
+    _elsewhere(split_heads, (x, 4), "split_heads(x, num_heads=4) for x of shape (2, 3, 8)", (_heads(x, 4),))
     x = randn(2, 3, 8, generator=rng(61))
     expect_gradients(split_heads, (x, 4), _heads, what="split_heads(x, num_heads=4) for x of shape (2, 3, 8)",
                      names=("x", "num_heads"))
@@ -160,6 +193,9 @@ def check_merge_heads(merge_heads) -> str:
         round_trip = call(merge_heads, _heads(x, H))
         expect_close(round_trip, x, what=f"merge_heads of x of shape {(B, T, E)} split into {H} heads, which should "
                                          "give x back")
+    context = randn(2, 4, 3, 2, generator=rng(65))
+    _elsewhere(merge_heads, (context,), "merge_heads(context) for context of shape (2, 4, 3, 2)",
+               (context.transpose(1, 2).reshape(2, 3, 8),))
     context = randn(2, 4, 3, 2, generator=rng(62))
     expect_gradients(merge_heads, (context,), lambda c: c.transpose(1, 2).reshape(2, 3, 8),
                      what="merge_heads(context) for context of shape (2, 4, 3, 2)", names=("context",))
@@ -228,6 +264,10 @@ def check_split_fused_qkv(split_fused_qkv) -> str:
         for name, g, w in zip("qkv", got, want):
             expect_close(g, w, what=f"{what}, {name}")
     stacked = isinstance(result, torch.Tensor)  # one (3, B, H, T, D) tensor: the reference gives one too
+    qkv = randn(2, 3, 24, generator=rng(66))
+    what = "split_fused_qkv(qkv, num_heads=4) for qkv of shape (2, 3, 24)"
+    _elsewhere(split_fused_qkv, (qkv, 4), what, [_heads(part, 4) for part in qkv.split(8, dim=-1)],
+               parts=lambda result: _three(result, what, 2))
 
     def reference(qkv, num_heads):
         parts = tuple(_heads(part, num_heads) for part in qkv.split(qkv.size(-1) // 3, dim=-1))
@@ -366,20 +406,25 @@ def _real_score_range(mha, queries, memory, blocked) -> tuple[float, float]:
 
 
 def _far_below_cases():
-    """A padded batch whose real keys all score between about -1900 and -1700 (the key projection's bias is +30
-    and the query projection's -30 in every column, so every query points away from every key): a finite fill
-    above that (-100, -1e3) gives the padding all the weight. Its own generator, so the other cases keep their
-    numbers."""
+    """A padded batch whose real keys all score exactly -180000: the query and key projections have zero weights
+    and biases -300 and +300 (every query points away from every key; heads of width 4, so the scores
+    -300 * 300 * 4 / 2 are exact in float32 whatever the order of the operations, and every real key gets the same
+    weight). Every fixed finite fill above that (-100, -1e4, float16's smallest number -65504) gives the padding
+    all the weight, and every one below -65504 does not exist in float16 (named in the float16 case): only
+    float('-inf') and the smallest number of the scores' own dtype (torch.finfo(dtype).min) pass both. Its own
+    generator, so the other cases keep their numbers."""
     generator = rng(57)
     mha = _module(8, 2, generator)
     with torch.no_grad():
-        mha.k_proj.bias.fill_(30.0)
-        mha.q_proj.bias.fill_(-30.0)
+        for projection, bias in ((mha.q_proj, -300.0), (mha.k_proj, 300.0)):
+            projection.weight.zero_()
+            projection.bias.fill_(bias)
     queries, memory = randn(2, 3, 8, generator=generator), randn(2, 6, 8, generator=generator)
-    mask = padding_mask_for([6, 3], 6, side="left", convention="blocked")
+    mask = padding_mask_for([6, 4], 6, side="left", convention="blocked")  # not [6, 3]: with every real score
+    # equal, attending to the 3 padded keys of [6, 3] gives what the mask read as right padding gives
     low, high = _real_score_range(mha, queries, memory, mask)
-    return (f"{_FAR_BELOW} (the real keys score {low:.0f} to {high:.0f}), B=2, L=3, S=6, E=8, 2 heads, left padding "
-            "(lengths [6, 3])"), mha, queries, memory, mask
+    return (f"{_FAR_BELOW} (every real key scores {high:.0f}), B=2, L=3, S=6, E=8, 2 heads, left padding "
+            "(lengths [6, 4])"), mha, queries, memory, mask
 
 
 def _cross_cases(generator: torch.Generator):
@@ -474,7 +519,7 @@ def _check_elsewhere(cross_attention, generator: torch.Generator) -> bool:
          "softmax (the mask is True at the padding, and the keys are the last axis of the scores), give the "
          "queries of a sequence whose memory is all padding zero weights instead of the softmax's NaN, then merge "
          "the heads and apply out_proj",
-    forbid=("sdpa", _weights_and_context),
+    forbid=("sdpa", _weights_and_context, online_softmax),
 )
 def check_cross_attention(cross_attention) -> str:
     generator = rng(54)
@@ -490,6 +535,14 @@ def check_cross_attention(cross_attention) -> str:
                                "as -1e9 does not exist in float16 (largest magnitude 65504): fill the padded keys' "
                                "scores with float('-inf'), or with the smallest number of the scores' own dtype") \
                     from None
+            text = str(failed.error)
+            if queries.dtype == torch.float16 and "half" in text.lower() and "float" in text.lower():
+                raise Mismatch(f"{what}: your code raised {type(failed.error).__name__}: {text.splitlines()[0]}. A "
+                               "tensor made without dtype= is float32 whatever the inputs (torch.where(mask, "
+                               "float('-inf'), 0.0), torch.zeros(...), ac.blocked_to_additive(mask) with its default "
+                               "dtype): added to the float16 scores it promotes them to float32, and the float32 "
+                               "weights then meet the float16 values. Make the mask in the scores' dtype "
+                               "(dtype=scores.dtype), or block the scores with masked_fill") from None
             raise
         if isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], torch.Tensor):
             raise Mismatch(f"{what}: return only the output (B, L, E), not a pair")
@@ -546,10 +599,11 @@ def check_cross_attention(cross_attention) -> str:
                           "batch is padded on the left: use key_padding_mask itself"] = \
                         _by_hand(mha, queries, memory, as_right)
             if description.startswith(_FAR_BELOW):
-                wrong["the padding keys took the weight: the real keys' scores here lie far below your fill value, "
-                      "so a finite fill such as -100 or -1e3 is not low enough to block the padding (scores can be "
-                      "any number). Fill the padded keys' scores with float('-inf'), or with the smallest number of "
-                      "the scores' own dtype, which lie below every score"] = \
+                wrong["the padding keys took the weight: the real keys' scores here (-180000) lie far below your fill "
+                      "value, so a fixed finite fill (-100, -1e4, even float16's smallest number -65504) does not "
+                      "block the padding: scores can be any number, and a fixed fill below -65504 does not exist in "
+                      "float16. Fill the padded keys' scores with float('-inf'), or with "
+                      "torch.finfo(scores.dtype).min, the smallest number of the scores' own dtype"] = \
                     _by_hand(mha, queries, memory, key_padding_mask, fill=-100.0)
             if H < E:
                 wrong[f"you divided the scores by sqrt(E) = {math.sqrt(E):.2f}; each head's dot product runs over its "
