@@ -977,3 +977,19 @@ def test_device_watch_keeps_the_original_of_a_move_on_the_cpu():
         loose.to(x.device)
         x + loose  # the original was not moved: on a GPU this fails
     assert watch.mixed in ("add", "__add__")
+
+
+def test_device_watch_reads_where_a_move_goes():
+    from attn_course.exercises._device import DeviceWatch
+    x, loose = torch.randn(3), torch.randn(3)
+    cases = [  # (code, whether the result is on the device)
+        (lambda: loose.to(x.device), True), (lambda: loose.to(x), True), (lambda: loose.type_as(x), True),
+        (lambda: loose.to(device=x.device, dtype=torch.float64), True), (lambda: loose.to(torch.float64), False),
+        (lambda: loose.to(x.dtype), False), (lambda: x.to(torch.float64), True), (lambda: x.to("cpu"), False),
+        (lambda: torch.zeros(3, device="cpu"), False), (lambda: torch.zeros(3, device=x.device), True),
+        (lambda: torch.zeros(3).to(x.dtype), False),
+    ]
+    for code, on_device in cases:
+        with DeviceWatch(x) as watch:
+            out = code()
+        assert (watch.off_device(out) == 0) == on_device, code

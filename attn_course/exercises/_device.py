@@ -25,6 +25,16 @@ CROSS_DEVICE_OK = frozenset({"__getitem__", "__setitem__", "index_put", "index_p
 READS = frozenset({"item", "__bool__", "__float__", "__int__", "__index__", "__complex__", "tolist", "numpy", "cpu"})
 
 
+def _on_device(device) -> bool:
+    """Whether ``device=`` puts a new tensor on the inputs' device: any torch.device (``x.device`` is the CPU in the
+    watched run) or a string naming an accelerator; not None, and not the string "cpu" written into the code."""
+    if device is None:
+        return False
+    if isinstance(device, str):
+        return not device.startswith("cpu")
+    return True
+
+
 def _tensors(value) -> list:
     if isinstance(value, torch.nn.Module):
         return list(value.parameters()) + list(value.buffers())
@@ -66,13 +76,35 @@ class DeviceWatch(TorchFunctionMode):
             for row in out:
                 self.placed[row] = True
             return iter(out)
-        if name in ("to", "type_as", "cuda") and args and out is args[0] and out not in self.placed:
-            out = out.view_as(out)  # on a GPU the move makes a new tensor: the original stays on the CPU
-        if placed or kwargs.get("device") is not None or name in ("to", "type_as", "cuda"):
+        if name in ("to", "type_as", "cuda") and args and isinstance(args[0], torch.Tensor):
+            source = args[0]
+            there = self._move_target(name, args, kwargs)
+            there = (source in self.placed) if there is None else there  # a dtype change stays where it was
+            if out is source and there != (source in self.placed):
+                out = out.view_as(out)  # on a GPU the move makes a new tensor: the original stays where it was
+            if there:
+                self.placed[out] = True
+            return out
+        if placed or _on_device(kwargs.get("device")):
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):
                     self.placed[tensor] = True
         return out
+
+    def _move_target(self, name: str, args: tuple, kwargs: dict) -> bool | None:
+        """Where ``.to``, ``.type_as`` or ``.cuda`` sends a tensor: the device (True), the host (False), or where it
+        was (None: a dtype change only). On the CPU an input's ``.device`` is the CPU too, so a device given as a
+        ``torch.device`` counts as the inputs' device; the string "cpu" is the host."""
+        if name == "cuda":
+            return True
+        if name == "type_as":
+            return len(args) > 1 and args[1] in self.placed
+        for value in (*args[1:], kwargs.get("device"), kwargs.get("other")):
+            if isinstance(value, torch.Tensor):
+                return value in self.placed
+            if isinstance(value, (str, torch.device)):
+                return _on_device(value)
+        return None
 
     def off_device(self, result) -> int:
         """How many tensors of ``result`` (a tensor, or tensors in tuples, lists and dicts) are not on the device."""
