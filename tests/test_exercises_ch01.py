@@ -642,6 +642,22 @@ def inputs_branch_on_device(target, bos_id):  # another correct formulation: the
                       target[:, :-1]], dim=1)
 
 
+def inputs_pad_to_bos(target, bos_id):  # the seventh review's accepted answer: the padding id replaced by BOS
+    shifted = torch.cat([torch.full_like(target[:, :1], bos_id), target[:, :-1]], dim=1)
+    return shifted.masked_fill(shifted == ac.DIGIT_PAD, bos_id)
+
+
+def inputs_pad_to_zero(target, bos_id):  # the padding treated specially another way: replaced by 0
+    shifted = torch.cat([torch.full_like(target[:, :1], bos_id), target[:, :-1]], dim=1)
+    return shifted.masked_fill(shifted == ac.DIGIT_PAD, 0)
+
+
+def luong_nan_to_uniform(s, H, padding_mask):  # the seventh review's: the empty row's NaN replaced by 1/S
+    scores = (H @ s[:, :, None])[..., 0].masked_fill(padding_mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(1.0 / H.size(1))
+    return (weights[:, :, None] * H).sum(1), weights
+
+
 # --- Exercise 4 -----------------------------------------------------------------------------------
 
 def attend(decoder, query, states):
@@ -965,6 +981,9 @@ CASES = [
     (check_teacher_forcing_inputs, inputs_branch_on_device, "correct", "never the token"),
     (check_token_query_step, token_sdpa_score, "incorrect", "you called torch.nn.functional.scaled_dot_product_attention"),
     (check_token_query_step, token_branch_on_device, "correct", "token_in_query=True"),
+    (check_teacher_forcing_inputs, inputs_pad_to_bos, "incorrect", "you replaced the padding id 10 by the begin-of-sequence token"),
+    (check_teacher_forcing_inputs, inputs_pad_to_zero, "incorrect", "the padding id 10 is a token like any other"),
+    (check_luong_attention, luong_nan_to_uniform, "incorrect", "you replaced that row's NaN"),
 ]
 
 

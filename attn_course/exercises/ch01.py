@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..alignment import AdditiveAttention, DotProductAttention, _weights_and_context
-from ..rnn import AttentionDecoder, shift_right
+from ..rnn import DIGIT_PAD, AttentionDecoder, shift_right
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_sequence,
                expect_tensor, large_scores, other_device, other_sizes, padding_cases, padding_mask_for, randn,
                rng, tolerance)
@@ -415,9 +415,11 @@ def check_luong_attention(luong_attention) -> str:
            f"{what}: your weights are zero at the real tokens and positive at the padding: "
            "in this course's convention True marks padding, the positions to ignore")
     if bool((w[1, 2:] == 0).all()) and torch.allclose(w[2], torch.full((S,), 1 / S, dtype=torch.float64), atol=1e-6):
-        raise Mismatch(f"{what}: the fully padded row (the third) is uniform, {1 / S:.2f} everywhere: a large negative "
-                       "fill such as -1e9 leaves all the scores of that row equal, so the softmax spreads its weight over "
-                       "padding. A row with nothing to attend to must give zero weights and a zero context")
+        raise Mismatch(f"{what}: the fully padded row (the third) is uniform, {1 / S:.2f} everywhere, which is its "
+                       "weight spread over padding. Either a finite fill (such as -1e9, or the dtype's lowest number "
+                       "with nothing done afterwards) left all the scores of that row equal, or you replaced that row's "
+                       f"NaN (the softmax of a row of -inf is 0/0) by 1/S = {1 / S:.2f}. A row with nothing to attend "
+                       "to must give zero weights and a zero context")
     unmasked = torch.softmax((H @ s[:, :, None])[..., 0], dim=-1).masked_fill(padding_mask, 0.0)  # (B, S)
     if torch.allclose(w[:2], unmasked[:2].double(), atol=1e-6) and not torch.allclose(w[1].sum(), torch.ones((), dtype=torch.float64)):
         raise Mismatch(f"{what}: you zeroed the padding after the softmax, so the weights of the second row (two real "
@@ -627,6 +629,22 @@ def check_teacher_forcing_inputs(teacher_forcing_inputs) -> str:
            "step i would still see y_i. Shift the whole target one step to the right")
     expect(torch.equal(got.long(), expected), f"{what}: expected {expected.tolist()}, got {got.tolist()}")
     _ids_like_target(got, target, what)
+    # A right-padded target, as real batches of unequal lengths are: the padding id is a token like any other here,
+    # shifted with the rest (an answer that treats it specially, such as one replacing it by BOS, is named).
+    padded = torch.tensor([[3, 1, DIGIT_PAD, DIGIT_PAD], [5, 9, 2, DIGIT_PAD]])
+    want = torch.tensor([[bos_id, 3, 1, DIGIT_PAD], [bos_id, 5, 9, 2]])
+    shown = f"teacher_forcing_inputs(target, {bos_id}) for the right-padded target {padded.tolist()} (padding id {DIGIT_PAD})"
+    got = expect_tensor(call(teacher_forcing_inputs, padded, bos_id), what=shown, shape=(2, 4), dtype="integer")
+    expect(not torch.equal(got.long(), expected),
+           f"{shown}: expected {want.tolist()}, got {got.tolist()}, the answer for the first target: avoid "
+           "hard-coding the length, the batch or the token id")
+    expect(not torch.equal(got.long(), want.masked_fill(want == DIGIT_PAD, bos_id)),
+           f"{shown}: expected {want.tolist()}, got {got.tolist()}: you replaced the padding id {DIGIT_PAD} by the "
+           f"begin-of-sequence token {bos_id}. BOS belongs at the first step only; the padding is shifted right with "
+           "the other tokens, unchanged")
+    expect(torch.equal(got.long(), want),
+           f"{shown}: expected {want.tolist()}, got {got.tolist()}: the padding id {DIGIT_PAD} is a token like any "
+           "other here; shift it right with the rest, unchanged")
     # Other lengths, batches and ids (a numpy integer too, as token ids often are), T = 1, an int32 target.
     generator = rng(13)
     for B, T, bos, dtype in ((2, 7, 10, torch.long), (1, 1, np.int64(11), torch.long), (3, 2, 0, torch.long),
