@@ -143,6 +143,21 @@ def noun_phrase_feminine_adds_e(article, adjective, noun, gender):
     return noun_phrase_right(article, adjective, noun, gender)
 
 
+def noun_phrase_form_by_the_nouns_ending(article, adjective, noun, gender):
+    """The seventh review's answer: the adjective's form picked by the noun's last letter, not its gender (right
+    for voiture, wrong for arbre); the message must name agreement, not elision."""
+    words = [noun]
+    if adjective is not None:
+        masculine, feminine, position = adjective
+        form = feminine if noun.endswith("e") else masculine
+        words = [form, noun] if position == "before" else [noun, form]
+    if article == "a":
+        return " ".join(["un" if gender == "m" else "une", *words])
+    if words[0][0] in "aeiouàâäéèêëîïôöûùüœæh":
+        return "l'" + " ".join(words)
+    return " ".join(["le" if gender == "m" else "la", *words])
+
+
 def noun_phrase_elision_by_the_noun(article, adjective, noun, gender):
     """Decides the elision by the noun, not by the word right after the article."""
     text = noun_phrase_right(article, None, noun, gender)
@@ -205,6 +220,7 @@ def test_noun_phrase_right():
         (noun_phrase_feminine_adds_e, "feminine"),
         (noun_phrase_elision_by_the_noun, "no elision"),
         (noun_phrase_blocked_by_any_pre_nominal_adjective, "The word right after the article decides"),
+        (noun_phrase_form_by_the_nouns_ending, "the adjective agrees with the noun's gender"),
     ],
 )
 def test_noun_phrase_wrong(answer, words):
@@ -258,6 +274,18 @@ def sample_always_greedy(logits, temperature, generator):
 
 def sample_wrong_shape(logits, temperature, generator):
     return torch.multinomial(torch.softmax(logits / max(temperature, 1e-6), dim=-1), 1, generator=generator)
+
+
+def sample_clamps_the_temperature(logits, temperature, generator):
+    """The seventh review's accepted answer: the temperature clamped to avoid dividing by 0, so that temperature 0
+    samples at 0.3 instead of taking the argmax (the six greedy rows of the check had large gaps)."""
+    return torch.multinomial(torch.softmax(logits / max(temperature, 0.3), -1), 1, generator=generator)[:, 0]
+
+
+def sample_clamps_the_temperature_at_a_hundredth(logits, temperature, generator):
+    """The same with a clamp of 0.01: on two logits 0.01 apart it still picks the runner-up about a quarter of the
+    time."""
+    return torch.multinomial(torch.softmax(logits / max(temperature, 0.01), -1), 1, generator=generator)[:, 0]
 
 
 def sample_floats(logits, temperature, generator):
@@ -522,6 +550,8 @@ def test_sample_crash_and_scaffold():
         (sample_own_generator_from_the_seed, "you restarted from the generator's seed"),
         (sample_copies_the_generator_state, "or from a copy of its state"),
         (sample_unstable, "overflows float32"),
+        (sample_clamps_the_temperature, "do not sample at a small temperature instead"),
+        (sample_clamps_the_temperature_at_a_hundredth, "do not sample at a small temperature instead"),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):
@@ -603,6 +633,70 @@ def beam_scores_without_device(next_log_probs, beam_width, max_len, start_id, en
         done = (seqs == end_id).any(1)
     best = seqs[0].tolist()[1:]
     return best[:best.index(end_id) + 1] if end_id in best else best
+
+
+def _beam_scores_made_by(make_scores):
+    """A simple tensorised search (Python lists of ids, a tensor of scores) whose scores make_scores(lp) makes."""
+    def beam(next_log_probs, beam_width, max_len, start_id, end_id):
+        seqs, scores = [[start_id]], None
+        for _ in range(max_len):
+            alive = [i for i, ids in enumerate(seqs) if ids[-1] != end_id]
+            if not alive:
+                break
+            lp = next_log_probs(torch.tensor([seqs[i] for i in alive]))  # (N_alive, V)
+            if scores is None:
+                scores = make_scores(lp)
+            V = lp.shape[-1]
+            finished = [i for i, ids in enumerate(seqs) if ids[-1] == end_id]
+            extended = (scores[alive][:, None] + lp).flatten()
+            every = torch.cat([scores[finished].to(extended.dtype), extended])
+            top = every.topk(min(beam_width, every.numel())).indices.tolist()
+            seqs = [seqs[finished[j]] if j < len(finished)
+                    else seqs[alive[(j - len(finished)) // V]] + [(j - len(finished)) % V] for j in top]
+            scores = every[top]
+        return seqs[0][1:]
+    return beam
+
+
+# The seventh review's accepted answers: scores made without device= and then converted to another dtype only;
+# they stay on the CPU, and on a GPU scores[alive][:, None] + lp fails.
+beam_scores_converted_to_the_dtype = _beam_scores_made_by(lambda lp: torch.zeros(1).to(lp.dtype))
+beam_scores_converted_to_float64 = _beam_scores_made_by(lambda lp: torch.zeros(1).to(torch.float64))
+beam_right_scores_moved_to_the_log_probs = _beam_scores_made_by(lambda lp: torch.zeros(1).to(lp))
+
+
+def _beam_indexed_on_the_scores_device(make_scores):
+    """A tensorised search that moves its indices to the scores' device before indexing them (the seventh review's
+    ex3.py): right when the scores are on the log-probabilities' device, wrong when they are not."""
+    def beam(next_log_probs, beam_width, max_len, start_id, end_id):
+        seqs, scores = torch.tensor([[start_id]]), None
+        for _ in range(max_len):
+            done = seqs[:, -1] == end_id
+            if bool(done.all()):
+                break
+            alive_idx, finished_idx = (~done).nonzero()[:, 0], done.nonzero()[:, 0]
+            lp = next_log_probs(seqs[alive_idx])  # (N_alive, V)
+            if scores is None:
+                scores = make_scores(lp)
+            V = lp.shape[-1]
+            extended = (scores[alive_idx.to(scores.device)][:, None] + lp).flatten()
+            every = torch.cat([scores[finished_idx.to(scores.device)], extended])
+            top = every.topk(min(beam_width, every.numel())).indices.cpu().tolist()
+            new = [seqs[finished_idx[j]].tolist() if j < len(finished_idx)
+                   else seqs[alive_idx[(j - len(finished_idx)) // V]].tolist() + [(j - len(finished_idx)) % V]
+                   for j in top]
+            longest = max(map(len, new))
+            seqs, scores = torch.tensor([ids + [end_id] * (longest - len(ids)) for ids in new]), every[top]
+        best = seqs[0].tolist()[1:]
+        return best[:best.index(end_id) + 1] if end_id in best else best
+    return beam
+
+
+# Scores made without device=, indexed with ids moved to the scores' own device (the CPU, on a GPU too): the watch
+# must not count ids.to(scores.device) as a move to the device.
+beam_scores_indexed_by_ids_moved_to_their_device = _beam_indexed_on_the_scores_device(lambda lp: torch.zeros(1))
+beam_right_indexed_by_ids_moved_to_the_scores_device = _beam_indexed_on_the_scores_device(
+    lambda lp: torch.zeros(1, device=lp.device))
 
 
 def beam_right_scores_on_the_device(next_log_probs, beam_width, max_len, start_id, end_id):
@@ -792,7 +886,8 @@ def beam_right_finished_set_aside(next_log_probs, beam_width, max_len, start_id,
 def test_beam_right_answers():
     for answer in (beam_right, beam_right_with_tensors, lambda *a: (beam_right(*a), 0.0),
                    beam_right_stops_when_the_best_has_ended, beam_right_finished_set_aside,
-                   beam_right_scores_on_the_device):
+                   beam_right_scores_on_the_device, beam_right_scores_moved_to_the_log_probs,
+                   beam_right_indexed_by_ids_moved_to_the_scores_device):
         feedback = check_beam_search(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -812,6 +907,9 @@ def test_beam_right_answers():
         (beam_greedy_after_the_first_step, "beam search does not promise the most probable sequence"),
         (beam_stops_one_step_early, "your search stopped early"),
         (beam_scores_without_device, "mixed a tensor made without device="),
+        (beam_scores_converted_to_the_dtype, "mixed a tensor made without device="),
+        (beam_scores_converted_to_float64, "mixed a tensor made without device="),
+        (beam_scores_indexed_by_ids_moved_to_their_device, "mixed a tensor made without device="),
     ],
 )
 def test_beam_wrong_answers_are_told_what_is_wrong(answer, words):

@@ -135,6 +135,14 @@ def check_french_noun_phrase(noun_phrase) -> str:
                     detail = (f" The word right after the article decides, here the adjective {form!r}, not the "
                               f"noun {args[2]!r}: elide when it starts with a vowel or an h, whatever the noun "
                               "starts with.")
+            adjective = args[1]
+            if adjective is not None and adjective[0] != adjective[1]:
+                form, other = (adjective[0], adjective[1]) if args[3] == "m" else (adjective[1], adjective[0])
+                if got == french_noun_phrase(args[0], (other, other, adjective[2]), args[2], args[3]):
+                    gender = "masculine" if args[3] == "m" else "feminine"
+                    rule, detail = "the adjective agrees with the noun's gender", (
+                        f" Only the adjective's form is wrong: {args[2]!r} is {gender}, so the adjective is "
+                        f"{form!r}, not {other!r}; the gender argument decides it, not the noun's spelling.")
             raise Mismatch(f"{rule}: {what} expected {expected!r}, got {got!r}.{detail}")
         checked += 1
     return (f"all {checked} noun phrases are right, including the new nouns "
@@ -238,6 +246,20 @@ def check_sample_next(sample_next) -> str:
         got = expect_tensor(call(sample_next, other, 0, torch.Generator().manual_seed(0)), what=what, shape=(B,),
                             dtype="integer", device=other)
         expect_close(got, other.argmax(dim=-1), what=what)
+
+    # Many rows whose two largest logits are 0.01 apart: at temperature 0 every id must be the argmax. Sampling at a
+    # small temperature instead (a clamp such as max(temperature, 0.3), or max(temperature, 0.01), to avoid dividing
+    # by 0) picks the runner-up in a sizeable share of these rows; a clamp as small as 1e-6 picks the argmax.
+    tied = torch.tensor([[2.0, 1.99, 0.0, -1.0], [1.99, 2.0, -1.0, 0.0]]).repeat(10000, 1)  # (20000, 4)
+    what = "sample_next(logits of shape (20000, 4) whose two largest logits are 0.01 apart, temperature=0)"
+    got = expect_tensor(call(sample_next, tied, 0.0, torch.Generator().manual_seed(0)), what=what, shape=(20000,),
+                        dtype="integer", device=tied)
+    wrong = int((got.long().cpu() != tied.argmax(dim=-1)).sum())
+    expect(wrong == 0,
+           f"{what}: {wrong:,} of 20,000 rows got an id other than their largest logit. At temperature 0 take the "
+           "argmax of each row; do not sample at a small temperature instead (max(temperature, 0.3) or "
+           "max(temperature, 0.01), say, to avoid dividing by 0): near-tied logits still give the runner-up a "
+           "sizeable chance there")
 
     # One row, sampled: the batch axis must survive (translate appends next_id[:, None] to each sentence).
     one = randn(1, 6, generator=generator)
@@ -468,6 +490,28 @@ def _beam_cases():
         yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
 
 
+class _BeamWatch(DeviceWatch):
+    """A :class:`DeviceWatch` that also remembers the ``.device`` of tensors that are not on the device: in the
+    watched run every tensor is on the CPU, so ``ids.to(scores.device)`` with CPU ``scores`` would count as a move to
+    the device, and ``scores[ids]`` too; on a GPU both stay on the CPU and meet the log-probabilities there."""
+
+    def __init__(self, *on_device) -> None:
+        super().__init__(*on_device)
+        self.host_devices: list = []  # torch.device objects read off tensors that are not on the device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs)
+        if isinstance(out, torch.device) and args and isinstance(args[0], torch.Tensor) and args[0] not in self.placed:
+            self.host_devices.append(out)  # a fresh object at every read of .device
+        return out
+
+    def _move_target(self, name: str, args: tuple, kwargs: dict) -> bool | None:
+        for value in (*args[1:], kwargs.get("device")):
+            if isinstance(value, torch.device) and any(value is device for device in self.host_devices):
+                return False
+        return super()._move_target(name, args, kwargs)
+
+
 def _beam_search_watched(beam_search_fn) -> None:
     """The first case once more on the CPU, with the model's log-probabilities taken to be on a GPU, under a
     :class:`DeviceWatch`: a beam search reads values (.tolist(), float(), topk's indices), so the meta device
@@ -477,7 +521,7 @@ def _beam_search_watched(beam_search_fn) -> None:
     description, model, width, max_len = next(_beam_cases())
     what = (f"beam_search(next_log_probs, beam_width={width}, max_len={max_len}, start_id={model.start_id}, "
             f"end_id={model.end_id}) on {description}, with log-probabilities taken to be on a GPU")
-    with DeviceWatch() as watch:
+    with _BeamWatch() as watch:
         model.watch = watch
         call(beam_search_fn, model, width, max_len, model.start_id, model.end_id)
     if watch.mixed is not None:
