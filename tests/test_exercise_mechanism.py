@@ -993,3 +993,13 @@ def test_device_watch_reads_where_a_move_goes():
         with DeviceWatch(x) as watch:
             out = code()
         assert (watch.off_device(out) == 0) == on_device, code
+
+
+def test_device_watch_keeps_a_move_to_a_cpu_tensors_device_on_the_cpu():
+    from attn_course.exercises._device import DeviceWatch
+    x, scores, ids = torch.randn(3), torch.randn(3), torch.tensor([0, 2])
+    with DeviceWatch(x) as watch:
+        picked = scores[ids.to(scores.device)]  # scores made without device=: on a GPU all of this is on the CPU
+        moved = ids.to(x.device)
+        made = torch.zeros(2, device=scores.device)
+    assert watch.off_device(picked) == 1 and watch.off_device(moved) == 0 and watch.off_device(made) == 1

@@ -52,6 +52,7 @@ class DeviceWatch(TorchFunctionMode):
         self.placed = WeakIdKeyDictionary()
         self.mixed: str | None = None
         self.read: str | None = None
+        self.host_devices: list = []  # torch.device objects read off tensors that are not on the device
         for value in on_device:
             for tensor in _tensors(value):
                 self.placed[tensor] = True
@@ -60,6 +61,10 @@ class DeviceWatch(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", str(func))
+        if isinstance(out, torch.device):  # x.device: a fresh object at every read
+            if args and isinstance(args[0], torch.Tensor) and args[0] not in self.placed:
+                self.host_devices.append(out)  # on a GPU, that of a CPU tensor is the CPU
+            return out
         leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         placed = any(x in self.placed for x in leaves)
         if name in READS:  # data leaves the device: what comes back is on the host
@@ -85,11 +90,19 @@ class DeviceWatch(TorchFunctionMode):
             if there:
                 self.placed[out] = True
             return out
-        if placed or _on_device(kwargs.get("device")):
+        if placed or self._on_device(kwargs.get("device")):
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):
                     self.placed[tensor] = True
         return out
+
+    def _on_device(self, device) -> bool:
+        """Whether ``device=`` puts a tensor on the inputs' device: not the ``.device`` of a tensor that is not on
+        it (``scores.device`` of CPU scores), not the string "cpu"; any other torch.device (``x.device`` is the
+        CPU in the watched run) or an accelerator's name."""
+        if any(device is host for host in self.host_devices):
+            return False
+        return _on_device(device)
 
     def _move_target(self, name: str, args: tuple, kwargs: dict) -> bool | None:
         """Where ``.to``, ``.type_as`` or ``.cuda`` sends a tensor: the device (True), the host (False), or where it
@@ -103,7 +116,7 @@ class DeviceWatch(TorchFunctionMode):
             if isinstance(value, torch.Tensor):
                 return value in self.placed
             if isinstance(value, (str, torch.device)):
-                return _on_device(value)
+                return self._on_device(value)
         return None
 
     def off_device(self, result) -> int:

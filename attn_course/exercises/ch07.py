@@ -490,28 +490,6 @@ def _beam_cases():
         yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
 
 
-class _BeamWatch(DeviceWatch):
-    """A :class:`DeviceWatch` that also remembers the ``.device`` of tensors that are not on the device: in the
-    watched run every tensor is on the CPU, so ``ids.to(scores.device)`` with CPU ``scores`` would count as a move to
-    the device, and ``scores[ids]`` too; on a GPU both stay on the CPU and meet the log-probabilities there."""
-
-    def __init__(self, *on_device) -> None:
-        super().__init__(*on_device)
-        self.host_devices: list = []  # torch.device objects read off tensors that are not on the device
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_function__(func, types, args, kwargs)
-        if isinstance(out, torch.device) and args and isinstance(args[0], torch.Tensor) and args[0] not in self.placed:
-            self.host_devices.append(out)  # a fresh object at every read of .device
-        return out
-
-    def _move_target(self, name: str, args: tuple, kwargs: dict) -> bool | None:
-        for value in (*args[1:], kwargs.get("device")):
-            if isinstance(value, torch.device) and any(value is device for device in self.host_devices):
-                return False
-        return super()._move_target(name, args, kwargs)
-
-
 def _beam_search_watched(beam_search_fn) -> None:
     """The first case once more on the CPU, with the model's log-probabilities taken to be on a GPU, under a
     :class:`DeviceWatch`: a beam search reads values (.tolist(), float(), topk's indices), so the meta device
@@ -521,7 +499,7 @@ def _beam_search_watched(beam_search_fn) -> None:
     description, model, width, max_len = next(_beam_cases())
     what = (f"beam_search(next_log_probs, beam_width={width}, max_len={max_len}, start_id={model.start_id}, "
             f"end_id={model.end_id}) on {description}, with log-probabilities taken to be on a GPU")
-    with _BeamWatch() as watch:
+    with DeviceWatch() as watch:
         model.watch = watch
         call(beam_search_fn, model, width, max_len, model.start_id, model.end_id)
     if watch.mixed is not None:
