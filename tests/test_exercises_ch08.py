@@ -402,6 +402,28 @@ def test_the_question_is_part_of_exercise_3():
 
 # --- wrong answers say what is wrong -------------------------------------------------------------
 
+def update_floored(running_max, running_sum, block, floor=-1e4, reference_only=False):
+    """The eighth review's accepted answer: the running maximum (or only the exponent's reference) floored at a
+    finite value; every exponential underflows to 0 where the scores lie below the floor."""
+    new_max = torch.maximum(running_max, block.amax(dim=-1))
+    reference = new_max.clamp(min=floor)
+    new_sum = running_sum * torch.exp(running_max - reference) + torch.exp(block - reference[:, None]).sum(dim=-1)
+    if reference_only:
+        return new_max, new_sum * torch.exp(reference - new_max)
+    return reference, new_sum
+
+
+def merge_floored(state_a, state_b, floor=-1e4, floor_m=False):
+    """The eighth review's accepted answer: the reference maximum of the merge floored at a finite value."""
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    reference = m.clamp(min=floor)
+    s_a, s_b = torch.exp(m_a - reference), torch.exp(m_b - reference)
+    return (reference if floor_m else m), l_a * s_a + l_b * s_b, acc_a * s_a[:, None] + acc_b * s_b[:, None]
+
+
+FLOORED = "started or floored at a finite value"
+
 @pytest.mark.parametrize(
     "check, answer, text",
     [
@@ -488,6 +510,13 @@ def test_the_question_is_part_of_exercise_3():
             *merge(a, b)), "the larger of the two maxima"),  # the log-sum-exp returned as m (and -inf, NaN rows)
         (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l, acc.T))(*merge(a, b)), "expected shape (7, 3)"),
         (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l + 1e-3, acc))(*merge(a, b)), "values differ"),
+        # the eighth review's accepted answers: a maximum or reference floored at a finite value (exercises 1 and 3)
+        *((check_online_softmax_update, functools.partial(update_floored, floor=c, reference_only=r), FLOORED)
+          for c in (-1e4, -1e9, -1e30) for r in (False, True)),
+        *((check_merge_states, functools.partial(merge_floored, floor=c), FLOORED) for c in (-1e3, -1e4, -1e9, -1e30)),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (torch.where(l > 0, m, torch.maximum(a[0], b[0])), l, acc))(
+            *merge_floored(a, b, floor_m=True)), FLOORED),  # floored m returned, the true one where l underflowed
+        (check_merge_states, functools.partial(merge_floored, floor=-1e30, floor_m=True), "must stay -inf"),
         # exercise 3: half (keys only), one layer, one sequence, numbers not bytes, and the question
         (check_kv_cache_bytes, lambda *a: kv_cache_bytes(*a) // 2, "keys *and* values"),
         (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(1, h, d, s, b, p), "that is one layer"),

@@ -12,9 +12,9 @@ matrix products and the exponentials of the answer: a loop over k tiles takes at
 and an online one takes its first exponential before it combines the queries with a second tile's keys (it
 runs once more with every key after the first tile NaN and watches for a result computed from the queries
 that holds NaN before the first exponential, however the products are written: two passes, or every tile's
-scores stored, are named). Exercises 2 and 5 have float64 cases whose scores all lie near -20000, at
+scores stored, are named). Exercises 1, 2, 3 and 5 have float64 cases whose scores all lie near -20000, at
 -1e12 and at -1e300, below any finite mask fill or starting maximum tried (-100 to -1e30: the blocked keys
-then take the weight), and ones in which each later key scores about 1e10 or 1e300 more than the one before,
+then take the weight in exercises 2 and 5, and every exponential underflows to 0 in 1 and 3), and ones in which each later key scores about 1e10 or 1e300 more than the one before,
 where a mask that subtracts a fixed amount from the blocked scores lets them through; -inf and the dtype's
 smallest number pass. Half-precision results of exercises 1 and 3 (a float16 or bfloat16 result, or a sum
 off by 16-bit rounding) are named. Exercise 5 also has a
@@ -114,7 +114,14 @@ def check_online_softmax_update(update) -> str:
                ("2 rows of 6 float32 scores whose maximum jumps by about 100 between blocks, in blocks of 3",
                 _jumping(torch.float32, 100.0), 3),
                ("2 rows of 6 float64 scores whose maximum jumps by about 1000 between blocks, in blocks of 3",
-                _jumping(torch.float64, 1000.0), 3)]
+                _jumping(torch.float64, 1000.0), 3),
+               # every score far below any finite starting or floored maximum a student tries (-1e4, -1e9, -1e30)
+               ("3 rows of 6 float64 scores all near -20000, in blocks of 3",
+                randn(3, 6, generator=generator, dtype=torch.float64) - 20000.0, 3),
+               ("3 rows of 6 float64 scores all equal to -1e12, in blocks of 3",
+                torch.full((3, 6), -1e12, dtype=torch.float64), 3),
+               ("3 rows of 6 float64 scores all equal to -1e300, in blocks of 3",
+                torch.full((3, 6), -1e300, dtype=torch.float64), 3)]
     for description, rows, size in streams:
         what = f"update(...) on a stream of {description}"
         R = rows.size(0)
@@ -129,6 +136,17 @@ def check_online_softmax_update(update) -> str:
                            "is positive when a block raises the maximum: it overflows (above exp(88.7) in float32, "
                            "exp(709) in float64), and rescaling by exp(old maximum - new maximum) afterwards comes too "
                            "late. Exponentiate the block against the new maximum, so that every exponent is at most 0.")
+        if "all equal to -1e300" in description and bool(torch.isneginf(final_max.detach()).all()):
+            continue  # computed in float32 (passes, by the dtype policy): -1e300 is -inf there, out of its range
+        if description.startswith("3 rows of 6 float64 scores all") and (
+                not bool(torch.isfinite(final_sum).all()) or not bool((final_sum > 0).all())
+                or not torch.allclose(final_max.detach().double(), rows.amax(dim=-1), rtol=1e-6, atol=0.0)):
+            raise Mismatch(f"{what}: got the final running maximum {float(final_max[0]):g} and sum "
+                           f"{float(final_sum[0]):g} for row 0, whose largest score is {float(rows[0].amax()):g}. A "
+                           "running maximum (or the reference in the exponent) started or floored at a finite value, "
+                           "such as -1e4, -1e9, -1e30 or .clamp(min=...), lies above scores this low, so every "
+                           "exp(score - maximum) underflows to 0. Use -inf, not a large negative number: the state "
+                           "starts at running_max = -inf, and exp(-inf - new_max) is already 0")
         if not bool(torch.isfinite(final_sum).all()) or not bool((final_sum > 0).all()):
             huge = rows.abs().amax() > 500  # the float64 stream near +-1000
             raise Mismatch(f"{what}: your sums became {'0, ' if bool((final_sum == 0).any()) else ''}inf or NaN. "
@@ -644,6 +662,31 @@ def check_merge_states(merge) -> str:
                 raise Mismatch(f"{what}: you rescaled the sums l but not the accumulators acc; both must be multiplied "
                                "by exp(m_part - m).")
         _expect_exact(m, l, acc, live, exact, lse, what)
+    # States whose scores all lie far below any finite starting or floored maximum a student tries (-1e3 to -1e30).
+    for level, text in ((-20000.0, "all near -20000"), (-1e12, "all equal to -1e12"), (-1e300, "all equal to -1e300")):
+        low = (torch.randn(3, 6, generator=generator, dtype=torch.float64) + level if level == -20000.0
+               else torch.full((3, 6), level, dtype=torch.float64))  # (3, 6): 3 queries, 6 keys
+        a, b = _state(low[:, :3], values[:3]), _state(low[:, 3:], values[3:6])
+        what = f"merge(state_a, state_b) with float64 scores {text}, keys 0..2 in state_a and 3..5 in state_b"
+        m, l, acc = _merged(merge, a, b, what, 3, Dv)
+        single = getattr(acc, "_from_float32", False)  # a float32 result of float64 states passes (dtype policy)
+        if level == -1e300 and single:
+            continue  # -1e300 is -inf in float32, out of its range
+        expected = low.amax(dim=-1)
+        if (not bool((torch.isfinite(l) & (l > 0)).all()) or not bool(torch.isfinite(acc).all())
+                or not torch.allclose(m, expected, rtol=1e-6, atol=0.0)):
+            raise Mismatch(f"{what}: got m = {float(m[0]):g} and l = {float(l[0]):g} for row 0, whose largest score is "
+                           f"{float(expected[0]):g}. A maximum (or the reference in the exponent) started or floored at "
+                           "a finite value, such as -1e4, -1e9, -1e30 or .clamp(min=...), lies above scores this low, "
+                           "so both factors exp(m_part - reference) underflow to 0 and the output is 0/0. Use -inf, not "
+                           "a large negative number: take the larger of the two maxima as it is, and put 0 in its place "
+                           "only where it is -inf (a query that has seen no key)")
+        if level != -20000.0:
+            continue  # at -1e12 and -1e300 a right merge kept as log-sum-exp loses the log of the sum in rounding
+        atol, rtol = tolerance(torch.float32, torch.float64) if single else (None, None)
+        expect_close(acc / l[:, None], torch.softmax(low, dim=-1) @ values[:6], what=f"{what}: the output acc / l",
+                     atol=atol, rtol=rtol)
+        expect_close(m + torch.log(l), torch.logsumexp(low, dim=-1), what=f"{what}: m + log(l)", atol=atol, rtol=rtol)
     # Flash-Decoding merges several parts: the merged state must merge again, in either order.
     first, middle, last = (_state(scores[:, start:end], values[start:end]) for start, end in ((0, 3), (3, 7), (7, S)))
     merged_ab = _merged(merge, first, middle, "merge(state_a, state_b) with keys 0..2 in state_a and 3..6 in state_b", R, Dv)
