@@ -250,6 +250,34 @@ def scores_keys_per_token_elementwise(q_content, q_rope, w_uk, latents, rope_key
     return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
 
 
+def scores_keys_by_prod(q_content, q_rope, w_uk, latents, rope_keys):
+    """The ninth review's answer: each cached token's keys rebuilt in every head, the products by stack().prod(0)."""
+    B, H, L, D = q_content.shape
+    w = w_uk.view(H, D, -1)
+    cols = []
+    for s in range(latents.size(1)):
+        k = torch.stack(torch.broadcast_tensors(latents[:, s, None, None, :], w[None]), 0).prod(0).sum(-1)  # (B, H, D)
+        cols.append(torch.stack(torch.broadcast_tensors(q_content, k[:, :, None, :]), 0).prod(0).sum(-1))  # (B, H, L)
+    content = torch.stack(cols, dim=-1)  # (B, H, L, S)
+    return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
+def scores_keys_by_squares(q_content, q_rope, w_uk, latents, rope_keys):
+    """The same with the products by the polarization identity ab = ((a + b)^2 - (a - b)^2) / 4."""
+    B, H, L, D = q_content.shape
+    w = w_uk.view(H, D, -1)
+
+    def product(a, b):
+        return ((a + b) ** 2 - (a - b) ** 2) / 4
+
+    cols = []
+    for s in range(latents.size(1)):
+        k = product(latents[:, s, None, None, :], w[None]).sum(-1)  # (B, H, D): token s's keys, every head
+        cols.append(product(q_content, k[:, :, None, :]).sum(-1))  # (B, H, L)
+    content = torch.stack(cols, dim=-1)  # (B, H, L, S)
+    return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
+
+
 def scores_triple_loop(q_content, q_rope, w_uk, latents, rope_keys):
     """Keys built one batch, head and token at a time with * and .sum, into a buffer on the inputs' device."""
     B, H, L, D = q_content.shape
@@ -592,6 +620,8 @@ CASES = [
     (check_absorbed_scores, scores_elementwise, "correct", "no key is rebuilt"),
     (check_absorbed_scores, scores_keys_per_token_elementwise, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_triple_loop, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_keys_by_prod, "incorrect", "whatever operation made the products"),
+    (check_absorbed_scores, scores_keys_by_squares, "incorrect", "whatever operation made the products"),
     (check_absorbed_scores, scores_keys_conv1d_per_coordinate, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_addbmm_in_chunks, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_keys_addr_in_chunks, "incorrect", "rebuilding one head's keys"),

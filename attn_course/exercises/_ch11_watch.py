@@ -19,6 +19,23 @@ _ELEMENTWISE_PRODUCTS = {"mul", "mul_", "addcmul", "addcmul_", "div", "div_", "a
 _OUTER_PRODUCTS = {"addr", "addr_"}  # addr(input, u, v) = input + outer(u, v): len(u) x len(v) multiply-adds
 
 
+# Reshapes that ``matmul`` and ``reshape`` use internally: they return the same numbers under another shape.
+_VIEWS = {"_unsafe_view", "alias", "detach", "lift_fresh"}
+
+
+def _is_view(func) -> bool:
+    """An operation whose every output aliases an input without writing to it (``view``, ``expand``, ``transpose``,
+    ``select``, ...): it produces no new number. In-place and ``out=`` operations write numbers, and count."""
+    name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+    if name in _VIEWS:
+        return True
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    infos = [r.alias_info for r in schema.returns]
+    return all(info is not None and not info.is_write for info in infos)
+
+
 class _LargestTensor(TorchDispatchMode):
     """Records, while active, the largest tensor any operation makes (views included) and the
     multiply-adds: those of every operation that ``torch.utils.flop_counter`` has a formula for (the matrix
@@ -26,11 +43,16 @@ class _LargestTensor(TorchDispatchMode):
     ``nn.functional.linear`` come down to, and the convolutions of ``conv1d`` and its kin), of the products
     it has none for (``addbmm``, ``mv``, ``addmv``, ``dot``, ``vdot``, and the outer products of ``addr``), and
     one per element of the output of every elementwise product or quotient of two tensors, a one-element tensor
-    included (``*`` followed by ``.sum()`` is a product too, and so is ``/`` by a reciprocal)."""
+    included (``*`` followed by ``.sum()`` is a product too, and so is ``/`` by a reciprocal).
+
+    It also adds up the numbers that the operations produce (``produced``: the size of every output of every
+    operation but views, which only read numbers already there), a count that does not depend on how the products
+    are written: rebuilding a head's keys, by ``@``, ``prod``, ``pow`` or any other route, produces every one of
+    their numbers."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.numel, self.shape, self.multiply_adds = 0, (), 0
+        self.numel, self.shape, self.multiply_adds, self.produced = 0, (), 0, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -62,6 +84,8 @@ class _LargestTensor(TorchDispatchMode):
             produced = max((t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), default=0)
             if produced > 1:
                 self.multiply_adds += produced
+        if not _is_view(func):
+            self.produced += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor) and tensor.numel() > self.numel:
                 self.numel, self.shape = tensor.numel(), tuple(tensor.shape)

@@ -21,7 +21,11 @@ stays below them); two cases do, one query with batch 1 and three queries with b
 that rebuilds the keys only for several queries (section 4's advice for prefill) is named too. A third, a prefill
 (as many queries as cached tokens, heads 32 times wider than the latent), names an answer that rebuilds the keys
 whenever the queries are about as many as the cached tokens (vLLM's rule): there every query still meets every
-key in the head width, several times the work of the absorbed form, which scores in the latent's width. It also forbids
+key in the head width, several times the work of the absorbed form, which scores in the latent's width. A fourth, a
+long cache (300 tokens) with wide heads and a narrow latent, adds a third limit, the count of all the numbers the
+answer's operations produce (views not counted): one head's keys are more numbers than the absorbed form produces
+there, so keys rebuilt through operations the multiply-add count has no formula for (``prod``, ``pow``, a
+polarization identity) are named as well. It also forbids
 leaving torch (``Tensor.numpy``, ``__array__``, ``tolist``, ``item``, ``float()``, ``int()``): keys built in
 numpy, Python lists or Python numbers would hide from that watch, on a machine with a GPU as on one without.
 
@@ -168,7 +172,12 @@ def _absorbed_bounds(B, H, L, D, Dc, Dr, S):
     tensor): its largest tensor, and its multiply-adds."""
     largest = max(B * H * L * S * (Dc + Dr), B * H * L * D * Dc, H * D * Dc, B * S * (Dc + Dr), B * H * L * (D + Dr))
     work = B * H * L * D * Dc + B * H * L * S * (Dc + Dr + 1) + B * H * L * (D + Dr + Dc)
-    return largest, work
+    # every number it produces: copies of the inputs (a cast, a contiguous copy, the check's own), the broadcast
+    # products of the queries with W_UK and of the latent queries with the latents, a few versions of the scores
+    inputs = B * H * L * (D + Dr) + H * D * Dc + B * S * (Dc + Dr)
+    produced = (3 * inputs + B * H * L * D * Dc + 2 * B * H * L * S * (Dc + Dr) + 6 * B * H * L * S
+                + 2 * B * H * L * (Dc + Dr))
+    return largest, work, produced
 
 
 def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.float32, decode_passed=False,
@@ -185,8 +194,17 @@ def _scores_case(absorbed_scores, generator, B, H, L, D, Dc, Dr, S, dtype=torch.
         got = call(absorbed_scores, q_content, q_rope, w_uk, latents, rope_keys)
     # The two limits, where this case's sizes tell the forms apart: one head's keys for every cached token are
     # larger, and take more multiply-adds, than anything an absorbed answer makes or does (_absorbed_bounds).
-    largest, work = _absorbed_bounds(B, H, L, D, Dc, Dr, S)
+    largest, work, produced = _absorbed_bounds(B, H, L, D, Dc, Dr, S)
     watch_size, watch_work = B * S * D > largest, B * S * D * Dc > work
+    # However the products are written (matmul, prod, pow, a polarization identity), one head's keys for every
+    # cached token are B * S * D new numbers, more than everything an absorbed answer produces at these sizes.
+    if B * S * D > produced and watcher.produced >= B * S * D:
+        raise Mismatch(f"{what}: your function produced {watcher.produced:,} numbers in all (the outputs of its "
+                       f"operations, views not counted), at least as many as one head's keys for all {S} cached "
+                       f"tokens ({S} x {D} = {B * S * D:,}), where the absorbed form produces at most {produced:,} "
+                       "here: it rebuilt the keys, piece by piece or at once, whatever operation made the products. "
+                       f"Multiply each head's query by its block of W_UK first (a vector of width {Dc}), then score "
+                       "it against the latents themselves")
     watched = watch_size and watcher.numel >= B * S * D or watch_work and watcher.multiply_adds >= B * S * D * Dc
     if watched and L > 1 and decode_passed:
         raise Mismatch(f"{what}: with L = {L} queries your function rebuilt the cached tokens' keys (its largest "
@@ -287,6 +305,9 @@ def check_absorbed_scores(absorbed_scores) -> str:
     # keys whenever the queries are about as many as the cached tokens (vLLM's rule) does 10,496 multiply-adds here,
     # the absorbed form 2,560 (its ceiling 3,776), and it is named.
     _scores_case(absorbed_scores, generator, B=1, H=2, L=8, D=64, Dc=2, Dr=2, S=8, prefill=True)
+    # A long cache with wide heads and a narrow latent: one head's keys (19,200 numbers) outnumber everything the
+    # absorbed form produces (at most 11,036), so keys rebuilt by any route (prod, pow, ...) are named by their count.
+    _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=64, Dc=2, Dr=2, S=300)
     # The notebook's sizes, then others: several queries, batch 3, one head, a head wider and narrower than the
     # latent, no rotary part, float64 (too small for the limits to tell the forms apart, so they check the numbers).
     for B, H, L, D, Dc, Dr, S in ((2, 4, 1, 8, 6, 4, 10), (3, 3, 4, 6, 10, 2, 7), (1, 1, 2, 5, 3, 2, 9),
