@@ -37,7 +37,7 @@ def update(running_max, running_sum, block, rescale=True, axis=-1, global_max=Fa
 
 
 def causal_tile(query_tile, keys, values, first_query, block_size, mask=True, skip=True, strict=False,
-                from_zero=False, scale=True, normalise=True, stable=True, early=False):
+                from_zero=False, scale=True, normalise=True, stable=True, early=False, shared_max=None):
     Lb, D = query_tile.shape
     kw = dict(dtype=query_tile.dtype, device=query_tile.device)
     m = torch.full((Lb, 1), float("-inf"), **kw)  # (Lb, 1)
@@ -56,9 +56,13 @@ def causal_tile(query_tile, keys, values, first_query, block_size, mask=True, sk
             blocked = key_positions >= positions if strict else key_positions > positions
             scores = scores.masked_fill(blocked, float("-inf"))
         if stable:
-            m_new = torch.maximum(m, scores.amax(dim=1, keepdim=True))
+            if shared_max is None:
+                m_new = torch.maximum(m, scores.amax(dim=1, keepdim=True))
+            else:  # wrong: one maximum for every row of the tile, s.amax() or over dim 0 then over the keys
+                tile_max = scores.amax() if shared_max == "all" else scores.amax(dim=0, keepdim=True).amax(dim=1, keepdim=True)
+                m_new = torch.maximum(m, tile_max).expand(Lb, 1)
             p = torch.exp(scores - m_new)
-            correction = torch.exp(m - m_new)
+            correction = torch.nan_to_num(torch.exp(m - m_new), nan=0.0) if shared_max else torch.exp(m - m_new)
             l = l * correction + p.sum(dim=1, keepdim=True)
             acc = acc * correction + p @ values[k_start:k_start + block_size]
             m = m_new
@@ -518,6 +522,18 @@ FLOORED = "started or floored at a finite value"
             *merge_floored(a, b, floor_m=True)), FLOORED),  # floored m returned, the true one where l underflowed
         (check_merge_states, functools.partial(merge_floored, floor=-1e30, floor_m=True), "must stay -inf"),
         # exercise 3: half (keys only), one layer, one sequence, numbers not bytes, and the question
+        # the ninth review's wrongly named answers: a maximum shared by all the rows of a tile (named as overflow
+        # before), and a merged acc or l rounded through a 16-bit dtype and back (plain "values differ" before)
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, shared_max="all"),
+         "one running maximum is shared by all the rows of the tile"),
+        (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile(q, k, v, f, n, shared_max="dim 0"),
+         "s.amax(dim=1, keepdim=True), one per row"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l, acc.bfloat16().to(acc.dtype)))(*merge(a, b)),
+         "acc: every number of it is one that bfloat16 holds exactly"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l.half().to(l.dtype), acc))(*merge(a, b)),
+         "l: every number of it is one that float16 holds exactly"),
+        (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l.bfloat16().to(l.dtype), acc))(*merge(a, b)),
+         "rounded it through a 16-bit dtype"),
         (check_kv_cache_bytes, lambda *a: kv_cache_bytes(*a) // 2, "keys *and* values"),
         (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(1, h, d, s, b, p), "that is one layer"),
         (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(n, h, d, s, 1, p), "that is one sequence"),

@@ -16,8 +16,9 @@ scores stored, are named). Exercises 1, 2, 3 and 5 have float64 cases whose scor
 -1e12 and at -1e300, below any finite mask fill or starting maximum tried (-100 to -1e30: the blocked keys
 then take the weight in exercises 2 and 5, and every exponential underflows to 0 in 1 and 3), and ones in which each later key scores about 1e10 or 1e300 more than the one before,
 where a mask that subtracts a fixed amount from the blocked scores lets them through; -inf and the dtype's
-smallest number pass. Half-precision results of exercises 1 and 3 (a float16 or bfloat16 result, or a sum
-off by 16-bit rounding) are named. Exercise 5 also has a
+smallest number pass. Half-precision results of exercises 1 and 3 (a float16 or bfloat16 result, a sum off by
+16-bit rounding in 1, an l or acc rounded through float16 or bfloat16 and back in 3) are named, and so is a
+maximum shared by all the rows of a tile in exercise 2 (NaN in the rows far below it). Exercise 5 also has a
 float32 run whose scores lie near 100, where a softmax written without its max shift overflows. Where the
 meta device cannot run an answer (it reads a value), exercises 1, 2, 3 and 5 run it on the CPU under the
 shared device watch, which names a tensor made without device=; exercise 1 there runs both of its steps.
@@ -457,6 +458,14 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                            "positive when a tile raises the maximum) and rescale by exp(m - m_new) afterwards? That "
                            "overflows (above exp(88.7) in float32, exp(709) in float64) before the rescaling can help. "
                            "Compute m_new first and exponentiate the tile against it, so that every exponent is at most 0.")
+        if (torch.isnan(got).any() or torch.isinf(got).any()) and _shared_maximum_breaks(
+                got, query_tile, keys, values, first_query, block_size):
+            raise Mismatch(f"{what}: your output holds NaN or inf in the rows whose scores lie far below the other "
+                           "rows' (here, in float32, the rows' largest scores lie more than 100 apart), as it does when one running "
+                           "maximum is shared by all the rows of the tile (s.amax(), or a maximum over dim 0): in a row "
+                           "far below that shared maximum every exp(score - m) underflows to 0, l stays 0 and acc / l is "
+                           "NaN. Each query keeps its own maximum: take the tile's maximum over the keys, "
+                           "s.amax(dim=1, keepdim=True), one per row")
         if torch.isnan(got).any() or torch.isinf(got).any():
             raise Mismatch(f"{what}: your output holds NaN or inf"
                            + (": with scores near 100, exp(score) overflows float32; exponentiate only differences "
@@ -564,6 +573,24 @@ _FIXED_PENALTY = ("keys after a query's position took the weight. Here each late
                   "one before: a mask that lowers the blocked scores by a fixed amount (subtracting 100, 1e4, 1e9 or "
                   "1e30) leaves a blocked key above the visible ones whenever its score is that much higher, and scores "
                   "can be any number. Replace the blocked scores with float('-inf') (or torch.finfo(scores.dtype).min)")
+
+
+def _shared_maximum_breaks(got, query_tile, keys, values, first_query: int, block_size: int) -> bool:
+    """Whether section 4's loop with one running maximum for all the rows of the tile, in the answer's dtype, leaves
+    NaN or inf in the same rows as the answer (it does where a row's scores lie far below the others')."""
+    q, k, v = query_tile.detach(), keys.detach(), values.detach()
+    Lb, D = q.shape
+    m = torch.full((Lb, 1), float("-inf"), dtype=q.dtype)
+    l, acc = torch.zeros(Lb, 1, dtype=q.dtype), torch.zeros(Lb, v.size(1), dtype=q.dtype)
+    positions = first_query + torch.arange(Lb)[:, None]  # (Lb, 1)
+    for start in range(0, min(k.size(0), first_query + Lb), block_size):
+        scores = q @ k[start:start + block_size].T / math.sqrt(D)  # (Lb, Sb)
+        scores = scores.masked_fill(start + torch.arange(scores.size(1))[None, :] > positions, float("-inf"))
+        new = torch.maximum(m, scores.amax()).expand(Lb, 1)  # one maximum for every row: the mistake
+        p, correction = torch.exp(scores - new), torch.nan_to_num(torch.exp(m - new), nan=0.0)
+        l, acc, m = l * correction + p.sum(dim=1, keepdim=True), acc * correction + p @ v[start:start + block_size], new
+    broken = ~torch.isfinite(acc / l).all(dim=1)  # (Lb,)
+    return bool(broken.any()) and torch.equal(broken, ~torch.isfinite(got).all(dim=1))
 
 
 def _finite_fill_rows(query_tile, keys, values, first_query: int, read: int) -> torch.Tensor:
@@ -751,6 +778,21 @@ def _expect_the_maximum(m: torch.Tensor, expected: torch.Tensor, what: str) -> N
                        "here: about 1000 apart).")
 
 
+def _not_rounded_to_16_bits(x: torch.Tensor, what: str) -> None:
+    """Name a float64 (or float32) result whose every nonzero number is one a 16-bit dtype holds exactly: it went
+    through float16 or bfloat16 and back (random sums and accumulators practically never are)."""
+    numbers = x[torch.isfinite(x) & (x != 0)]
+    if numbers.numel() < 2:
+        return
+    for dtype in (torch.bfloat16, torch.float16):  # bfloat16 first: its numbers (in range) are float16's too
+        if torch.equal(numbers.to(dtype).to(numbers.dtype), numbers):
+            raise Mismatch(f"{what}: every number of it is one that {str(dtype).replace('torch.', '')} holds exactly, so "
+                           "a step of your merge rounded it through a 16-bit dtype (.half(), .bfloat16(), or a tensor "
+                           "made in that dtype) and converted it back. A 16-bit dtype keeps about 3 significant digits "
+                           "(bfloat16 about 2), too few for a sum or an accumulator: keep the inputs' dtype (float64 "
+                           "here; float32 passes too)")
+
+
 def _expect_exact(m, l, acc, live, exact, lse, what: str) -> None:
     broken = ~(torch.isfinite(l) & torch.isfinite(acc).all(-1))  # (R,)
     if bool((broken & live).any()):
@@ -762,6 +804,8 @@ def _expect_exact(m, l, acc, live, exact, lse, what: str) -> None:
         raise Mismatch(f"{what}: your l or acc holds NaN or inf in row(s) {broken.nonzero().flatten().tolist()}. "
                        "Where both maxima are -inf (a query that has seen no key), exp(-inf - (-inf)) is NaN: use 0 "
                        "in place of an infinite maximum in the exponent, and keep l = 0, acc = 0 for such a row.")
+    for x, name in ((l[live], "l"), (acc[live], "acc")):
+        _not_rounded_to_16_bits(x, f"{what}: {name}")
     atol, rtol = tolerance(torch.float32, torch.float64) if getattr(acc, "_from_float32", False) else (None, None)
     expect_close(acc[live] / l[live, None], exact, what=f"{what}: the output acc / l of the rows that see a key",
                  atol=atol, rtol=rtol)
