@@ -170,6 +170,19 @@ def noun_phrase_elision_by_the_noun(article, adjective, noun, gender):
     return ("l'" if text.startswith("l'") else text.split(" ")[0] + " ") + " ".join(words)
 
 
+def noun_phrase_h_only_on_the_noun(article, adjective, noun, gender):
+    """The ninth review's accepted answer: an h elides only when it is the noun's (la honnête voiture)."""
+    words = [noun]
+    if adjective is not None:
+        form = adjective[0] if gender == "m" else adjective[1]
+        words = [form, noun] if adjective[2] == "before" else [noun, form]
+    if article == "a":
+        return " ".join(["un" if gender == "m" else "une", *words])
+    if words[0][0] in "aeiouàâéèêëîïôûùüœ" or (words[0] == noun and noun[0] == "h"):
+        return "l'" + " ".join(words)
+    return " ".join(["le" if gender == "m" else "la", *words])
+
+
 def noun_phrase_package(article, adjective, noun, gender):
     """The review's accepted answer: the package's own rules."""
     return tr.french_noun_phrase(article, adjective, noun, gender)
@@ -221,6 +234,7 @@ def test_noun_phrase_right():
         (noun_phrase_elision_by_the_noun, "no elision"),
         (noun_phrase_blocked_by_any_pre_nominal_adjective, "The word right after the article decides"),
         (noun_phrase_form_by_the_nouns_ending, "the adjective agrees with the noun's gender"),
+        (noun_phrase_h_only_on_the_noun, "here the adjective 'honnête'"),
     ],
 )
 def test_noun_phrase_wrong(answer, words):
@@ -286,6 +300,65 @@ def sample_clamps_the_temperature_at_a_hundredth(logits, temperature, generator)
     """The same with a clamp of 0.01: on two logits 0.01 apart it still picks the runner-up about a quarter of the
     time."""
     return torch.multinomial(torch.softmax(logits / max(temperature, 0.01), -1), 1, generator=generator)[:, 0]
+
+
+def sample_clamps_the_temperature_at_a_thousandth(logits, temperature, generator):
+    """The ninth review's accepted answer: t = max(temperature, 1e-3) instead of a branch for 0. On logits 0.01 apart
+    the runner-up's chance was e^-10 (none of 20,000 rows); on logits 0.001 apart it is about 27%."""
+    t = max(temperature, 1e-3)
+    return torch.multinomial(torch.softmax(logits / t, dim=-1), 1, generator=generator).squeeze(1)
+
+
+def sample_right_tiny_temperature_clamp(logits, temperature, generator):
+    """A clamp as small as 1e-6 picks the argmax wherever logits differ by 0.001 or more: accepted."""
+    t = max(temperature, 1e-6)
+    return torch.multinomial(torch.softmax(logits / t, dim=-1), 1, generator=generator).squeeze(1)
+
+
+def sample_clamps_the_logits(logits, temperature, generator):
+    """The ninth review's accepted answer: logits clamped against overflow; a row near 100 becomes flat."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(torch.softmax(logits.clamp(-30, 30) / temperature, dim=-1), 1,
+                             generator=generator).squeeze(1)
+
+
+def sample_patches_the_overflow(logits, temperature, generator):
+    """The ninth review's accepted answer: exp without the max shift, its inf / inf = nan patched with nan_to_num."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    e = (logits / temperature).exp()
+    probabilities = torch.nan_to_num(e / e.sum(-1, keepdim=True), nan=1.0)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+
+
+def sample_floors_the_probabilities(logits, temperature, generator):
+    """The ninth review's accepted answer: a floor on the probabilities (every id gets at least 1e-3)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probabilities = torch.softmax(logits / temperature, dim=-1).clamp(min=1e-3)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+
+
+def sample_smooths_the_probabilities(logits, temperature, generator):
+    """The same with + 1e-4 (smoothing, so that multinomial never sees a zero)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probabilities = torch.softmax(logits / temperature, dim=-1) + 1e-4
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+
+
+def sample_right_gumbel_float32(logits, temperature, generator):
+    """A correct alternative: Gumbel-max in the logits' dtype, the noise drawn with the generator on their device."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    uniform = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+    return (logits / temperature - (-uniform.log()).log()).argmax(dim=-1)
+
+
+def sample_right_int32(logits, temperature, generator):
+    """A correct answer whose ids are int32."""
+    return sample_right(logits, temperature, generator).int()
 
 
 def sample_floats(logits, temperature, generator):
@@ -511,7 +584,8 @@ def sample_right_copied_out_and_back(logits, temperature, generator):
 
 def test_sample_right():
     for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature,
-                   sample_right_inverse_cdf, sample_right_powers, sample_right_copied_out_and_back):
+                   sample_right_inverse_cdf, sample_right_powers, sample_right_copied_out_and_back,
+                   sample_right_tiny_temperature_clamp, sample_right_gumbel_float32, sample_right_int32):
         feedback = check_sample_next(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -552,6 +626,11 @@ def test_sample_crash_and_scaffold():
         (sample_unstable, "overflows float32"),
         (sample_clamps_the_temperature, "do not sample at a small temperature instead"),
         (sample_clamps_the_temperature_at_a_hundredth, "do not sample at a small temperature instead"),
+        (sample_clamps_the_temperature_at_a_thousandth, "max(temperature, 1e-3)"),
+        (sample_clamps_the_logits, "clamping the logits against overflow"),
+        (sample_patches_the_overflow, "torch.nan_to_num"),
+        (sample_floors_the_probabilities, "A floor on the probabilities"),
+        (sample_smooths_the_probabilities, "A floor on the probabilities"),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):

@@ -59,8 +59,10 @@ NEW_NOUNS = {
     "egg": ("œuf", "m"), "hotel": ("hôtel", "m"), "yogurt": ("yaourt", "m"), "computer": ("ordinateur", "m"),
     "mouse": ("souris", "f"),
 }
-# Pre-nominal adjectives that start with a vowel (l'ancienne école, l'immense arbre, l'ancien chat).
+# Pre-nominal adjectives that start with a vowel or a mute h (l'ancienne école, l'immense arbre, l'ancien chat,
+# l'honnête voiture).
 ANCIEN, IMMENSE = ("ancien", "ancienne", "before"), ("immense", "immense", "before")
+HONNETE = ("honnête", "honnête", "before")
 
 
 def _cases():
@@ -80,9 +82,10 @@ def _cases():
     yield "elision before a mute h", ("the", None, *homme)
     yield "no elision when a pre-nominal adjective comes first", ("the", adjectives["big"], *arbre)
     yield "no elision with un/une", ("a", None, *ecole)
-    # Adjectives that go before the noun and start with a vowel (not in the lexicon): the word right after
-    # the article decides, so they elide themselves, before a vowel-initial noun or a consonant-initial one.
-    for entry, (noun, gender) in ((ANCIEN, ecole), (IMMENSE, arbre), (ANCIEN, chat), (IMMENSE, voiture)):
+    # Adjectives that go before the noun and start with a vowel or a mute h (not in the lexicon): the word right
+    # after the article decides, so they elide themselves, before a vowel-initial noun or a consonant-initial one
+    # (an h that elides only when it is the noun's gives "la honnête voiture").
+    for entry, (noun, gender) in ((ANCIEN, ecole), (IMMENSE, arbre), (ANCIEN, chat), (HONNETE, voiture)):
         yield "the word right after the article decides the elision", ("the", entry, noun, gender)
     for english, (noun, gender) in NEW_NOUNS.items():
         for article in ("the", "a"):
@@ -222,6 +225,49 @@ def _expect_every_count(ids: torch.Tensor, expected: torch.Tensor, what: str) ->
                        f"{n:,}; yours came up {int(counts[i])} times.{detail}")
 
 
+def _expect_large_rows_sampled_right(sample_next) -> None:
+    """One row near +100 and one near -100 (V = 40), each repeated 20,000 times, sampled at temperature 1: the counts
+    must follow softmax(row) computed in float64. Three ids per row hold nearly all the probability (0.52, 0.32,
+    0.16); the other 37 lie 20.5 to 24.1 below the max (under 1e-9 each, about 0.0001 draws in all in 20,000).
+    This tells apart what the ids-in-range check above cannot: logits clamped against overflow (l.clamp(-30, 30)
+    makes both rows flat), an overflowed exp patched with torch.nan_to_num (inf / inf turned into equal numbers),
+    and a floor on the probabilities (.clamp(min=1e-3) or + 1e-4, which gives the 37 unlikely ids dozens to
+    hundreds of draws)."""
+    offsets = torch.tensor([0.5, 0.0, -0.7] + [-20.0 - 0.1 * k for k in range(37)], dtype=torch.float64)
+    rows = torch.stack([100.0 + offsets, -100.0 + offsets]).float()  # (2, 40) in float32
+    big = rows.repeat_interleave(20000, dim=0)  # (40000, 40): 20,000 rows near +100, then 20,000 near -100
+    what = "sample_next(logits of shape (40000, 40), rows near +100 and near -100 in float32, temperature=1)"
+    got = expect_tensor(call(sample_next, big, 1.0, torch.Generator().manual_seed(4)), what=what, shape=(40000,),
+                        dtype="integer", device=big)
+    got = got.long().cpu()
+    for half, level in ((0, "+100"), (1, "-100")):
+        ids = got[half * 20000:(half + 1) * 20000]
+        expected = torch.softmax(rows[half].double(), dim=-1)
+        part = f"{what}, the rows near {level}"
+        expect(bool(((ids >= 0) & (ids < 40)).all()),
+               f"{part}: ids must lie between 0 and V - 1 = 39, got {ids.unique().tolist()}")
+        frequencies = _frequencies(ids, 40)
+        if not torch.allclose(frequencies[:3], expected[:3], atol=0.05):
+            raise Mismatch(
+                f"{part}: ids 0, 1 and 2 should come up with frequencies "
+                f"{[round(p, 3) for p in expected[:3].tolist()]}, yours came up "
+                f"{[round(p, 3) for p in frequencies[:3].tolist()]} (and the other 37 ids {frequencies[3:].sum():.3f} "
+                "of the time, where they should almost never). Only the differences between a row's logits matter, "
+                "wherever the row sits: clamping the logits against overflow (l.clamp(-30, 30), say) flattens a row "
+                "near 100, and patching an overflowed exp with torch.nan_to_num turns its inf / inf into made-up "
+                "equal numbers. Leave the logits as they are and subtract each row's max before exp (torch.softmax "
+                "does)")
+        unlikely = int((ids >= 3).sum())
+        expected_unlikely = 20000 * float(expected[3:].sum())
+        if unlikely > expected_unlikely + 5 * (expected_unlikely ** 0.5) + 3:
+            raise Mismatch(
+                f"{part}: ids 3 to 39 have probability {float(expected[3:].sum()):.1e} in all, about "
+                f"{expected_unlikely:.2g} draws in 20,000; yours came up {unlikely:,} times. A floor on the "
+                "probabilities (.clamp(min=1e-3), or + 1e-4 before torch.multinomial) gives every id a share it "
+                "does not have: pass softmax(logits / temperature) to torch.multinomial as it is, zeros included")
+        _expect_every_count(ids, expected, part)
+
+
 @exercise(
     "Exercise 2, greedy decoding or sampling",
     hint="at temperature 0 take each row's largest logit; otherwise divide the logits by the temperature, turn each "
@@ -247,19 +293,20 @@ def check_sample_next(sample_next) -> str:
                             dtype="integer", device=other)
         expect_close(got, other.argmax(dim=-1), what=what)
 
-    # Many rows whose two largest logits are 0.01 apart: at temperature 0 every id must be the argmax. Sampling at a
-    # small temperature instead (a clamp such as max(temperature, 0.3), or max(temperature, 0.01), to avoid dividing
-    # by 0) picks the runner-up in a sizeable share of these rows; a clamp as small as 1e-6 picks the argmax.
-    tied = torch.tensor([[2.0, 1.99, 0.0, -1.0], [1.99, 2.0, -1.0, 0.0]]).repeat(10000, 1)  # (20000, 4)
-    what = "sample_next(logits of shape (20000, 4) whose two largest logits are 0.01 apart, temperature=0)"
+    # Many rows whose two largest logits are 0.001 apart: at temperature 0 every id must be the argmax. Sampling at a
+    # small temperature instead (a clamp such as max(temperature, 0.3), max(temperature, 0.01) or even
+    # max(temperature, 1e-3), to avoid dividing by 0) picks the runner-up in a sizeable share of these rows (about 27%
+    # at 1e-3); a clamp as small as 1e-6 picks the argmax.
+    tied = torch.tensor([[2.0, 1.999, 0.0, -1.0], [1.999, 2.0, -1.0, 0.0]]).repeat(10000, 1)  # (20000, 4)
+    what = "sample_next(logits of shape (20000, 4) whose two largest logits are 0.001 apart, temperature=0)"
     got = expect_tensor(call(sample_next, tied, 0.0, torch.Generator().manual_seed(0)), what=what, shape=(20000,),
                         dtype="integer", device=tied)
     wrong = int((got.long().cpu() != tied.argmax(dim=-1)).sum())
     expect(wrong == 0,
            f"{what}: {wrong:,} of 20,000 rows got an id other than their largest logit. At temperature 0 take the "
-           "argmax of each row; do not sample at a small temperature instead (max(temperature, 0.3) or "
-           "max(temperature, 0.01), say, to avoid dividing by 0): near-tied logits still give the runner-up a "
-           "sizeable chance there")
+           "argmax of each row; do not sample at a small temperature instead (max(temperature, 0.3), "
+           "max(temperature, 0.01) or max(temperature, 1e-3), say, to avoid dividing by 0): near-tied logits still "
+           "give the runner-up a sizeable chance there")
 
     # One row, sampled: the batch axis must survive (translate appends next_id[:, None] to each sentence).
     one = randn(1, 6, generator=generator)
@@ -345,6 +392,7 @@ def check_sample_next(sample_next) -> str:
         raise
     got = expect_tensor(got, what=what, shape=(4000,), dtype="integer", device=big)
     expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
+    _expect_large_rows_sampled_right(sample_next)
     # Once more on another device: the notebook's GPU with a generator there, as translate(...) on a GPU does, or
     # the meta device (with a CPU generator) where there is none, so that noise made without device= is named, and
     # ids returned on the CPU (.cpu() before or after sampling) too: translate(...) appends them to sentences that
