@@ -934,3 +934,46 @@ def test_seventh_review_right_answers_pass():
         assert check_causal_tile_attention(answer), str(check_causal_tile_attention(answer))
     for answer in (cache_step_with_fill(float("-inf")), cache_step_with_fill("min")):
         assert check_cache_attention_step(answer), str(check_cache_attention_step(answer))
+
+
+# --- the tenth review: a merge computed in float32 from float64 states (the dtype policy), and a running
+# logsumexp in exercise 2 (rejected at -1e12 with a reason) ----------------------------------------------------
+
+def merge_computed_in_float32(state_a, state_b):
+    """Right, by the dtype policy: every input converted to float32 first, the merge computed there. Near -20000
+    float32 holds the maxima only to about 0.002, so the check compares it with the merge of the rounded states."""
+    return merge(tuple(x.float() for x in state_a), tuple(x.float() for x in state_b))
+
+
+def causal_tile_running_logsumexp(query_tile, keys, values, first_query, block_size):
+    """FlashAttention-2's logsumexp taken literally: one running log-sum-exp per query and a normalised output, in
+    place of m and l. Exact in exact arithmetic, but at scores of -1e12 float64 keeps the log of the sum only to
+    about 1e-4."""
+    Lb, D = query_tile.shape
+    positions = first_query + torch.arange(Lb, device=query_tile.device)[:, None]
+    lse = torch.full((Lb, 1), float("-inf"), dtype=query_tile.dtype, device=query_tile.device)
+    out = torch.zeros(Lb, values.size(1), dtype=query_tile.dtype, device=query_tile.device)
+    tiles = 0
+    for start in range(0, keys.size(0), block_size):
+        if start > first_query + Lb - 1:
+            break
+        tiles += 1
+        s = query_tile @ keys[start:start + block_size].T / math.sqrt(D)
+        s = s.masked_fill(start + torch.arange(s.size(1), device=s.device)[None] > positions, float("-inf"))
+        new = torch.logaddexp(lse, torch.logsumexp(s, 1, keepdim=True))
+        out = (out * torch.exp(lse - new).nan_to_num(0.0)
+               + torch.exp(s - new).nan_to_num(0.0) @ values[start:start + block_size])
+        lse = new
+    return out, tiles
+
+
+def test_a_merge_computed_in_float32_passes():
+    feedback = check_merge_states(merge_computed_in_float32)
+    assert feedback, str(feedback)
+
+
+def test_a_running_logsumexp_is_named():
+    feedback = check_causal_tile_attention(causal_tile_running_logsumexp)
+    assert feedback.status == "incorrect", str(feedback)
+    assert "-1e12" in feedback.message and "Keep m and l separately" in feedback.message, feedback.message
+    assert "Hint:" in str(feedback)

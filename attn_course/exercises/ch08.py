@@ -489,6 +489,13 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                 variant = _causal_rows(query_tile, keys, values, first_query, block_size, **options)
                 if torch.allclose(got, variant, atol=1e-5, rtol=1e-4) and not torch.allclose(variant, expected, atol=1e-5):
                     raise Mismatch(f"{what}: {message}")
+        if (level == "-1e12" and torch.allclose(got, expected, atol=1e-4, rtol=1e-3)
+                and not torch.allclose(got, expected, atol=1e-7, rtol=1e-7)):
+            raise Mismatch(f"{what}: your output is off in the 5th or 6th digit. With every score at -1e12, float64 "
+                           "holds a number that large only to about 1e-4, so a state that keeps the log of the sum "
+                           "added to the maximum (a running logsumexp, logaddexp, or m + log(l) in place of l) loses "
+                           "the sum in rounding. Keep m and l separately, as in section 4: l is a plain sum of "
+                           "exp(score - m), rescaled by exp(m - m_new)")
         expect_close(output, expected.to(dtype), what=f"{what}: output (causal attention of the tile's queries)")
         if tiles_read == math.ceil(S / block_size) and needed < tiles_read:
             raise Mismatch(f"{what}: tiles_read = {tiles_read}, every key tile; the tiles that start after the last query "
@@ -711,9 +718,17 @@ def check_merge_states(merge) -> str:
         if level != -20000.0:
             continue  # at -1e12 and -1e300 a right merge kept as log-sum-exp loses the log of the sum in rounding
         atol, rtol = tolerance(torch.float32, torch.float64) if single else (None, None)
-        expect_close(acc / l[:, None], torch.softmax(low, dim=-1) @ values[:6], what=f"{what}: the output acc / l",
-                     atol=atol, rtol=rtol)
-        expect_close(m + torch.log(l), torch.logsumexp(low, dim=-1), what=f"{what}: m + log(l)", atol=atol, rtol=rtol)
+        if single and not torch.allclose(acc / l[:, None], torch.softmax(low, dim=-1) @ values[:6], atol=atol, rtol=rtol):
+            # a merge computed in float32 from float64 states passes too (dtype policy): float32 holds a maximum
+            # near -20000 only to about 0.002, so its exact answer is the merge of the states rounded to float32
+            # (up to a relative 1e-2 from the float64 one), to float32's tolerance
+            a, b = (tuple(x.float().double() for x in state) for state in (a, b))
+        reference = torch.maximum(a[0], b[0])
+        scale_a, scale_b = torch.exp(a[0] - reference), torch.exp(b[0] - reference)
+        exact_l = a[1] * scale_a + b[1] * scale_b
+        exact_output = (a[2] * scale_a[:, None] + b[2] * scale_b[:, None]) / exact_l[:, None]
+        expect_close(acc / l[:, None], exact_output, what=f"{what}: the output acc / l", atol=atol, rtol=rtol)
+        expect_close(m + torch.log(l), reference + torch.log(exact_l), what=f"{what}: m + log(l)", atol=atol, rtol=rtol)
     # Flash-Decoding merges several parts: the merged state must merge again, in either order.
     first, middle, last = (_state(scores[:, start:end], values[start:end]) for start, end in ((0, 3), (3, 7), (7, S)))
     merged_ab = _merged(merge, first, middle, "merge(state_a, state_b) with keys 0..2 in state_a and 3..6 in state_b", R, Dv)
