@@ -9,9 +9,12 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
 
 - Exercise 1 forbids the whole package (its rules are the answer) and tries new nouns of every
   initial and adjectives that go before the noun and start with a vowel (the word right after the
-  article decides the elision: *l'ancienne école*, *l'ancien chat*).
+  article decides the elision: *l'ancienne école*, *l'ancien chat*). It names the package's set of eliding
+  letters (``ELIDING_INITIALS``) too, read by the answer's code or by a function of the student's that it calls.
 - Exercise 2 samples one row too (``.squeeze()`` would drop the batch axis) and passes logits that
-  are a tensor of their own, so that a division in place is named as such.
+  are a tensor of their own, so that a division in place is named as such. At temperature 0 it tries rows whose
+  two largest logits are 1e-3 down to 1e-6 apart (a clamp of the temperature from 1e-6 up is named; one of 1e-8
+  picks the argmax and passes), and it samples at temperature 0.1 (greedy below a threshold is named).
 - Exercise 3 has a table whose best survivor at ``max_len`` has not ended, and names a search that stops early
   (an unfinished result shorter than ``max_len``).
 - Exercise 4 forbids the layer's own wiring by every route (``DecoderLayer.forward`` and
@@ -34,14 +37,18 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
 
 from __future__ import annotations
 
+import dis
 import functools
+import inspect
 import math
+import types
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from ..transformer import DecoderLayer, Transformer
 from ..translator import DEFAULT_LEXICON, beam_search, beam_translate, french_noun_phrase
+from ..translator import language as _language
 from ..utils import get_device
 from . import (Mismatch, call, call_elsewhere, exercise, expect, expect_close, expect_on_device, expect_tensor,
                forbidden, large_scores, other_device, other_sizes, padding_cases, randn, rng, tolerance)
@@ -112,6 +119,69 @@ def _elision_hint(noun: str) -> str:
     return ""
 
 
+# The package's constants that hold part of exercise 1's answer. ``forbid=("attn_course",)`` watches calls only, so
+# the check looks for these in the answer's code before it runs it: by identity among the globals, closure cells and
+# defaults that the answer (and the functions of the student's own that it calls) reads, and by name where the code
+# reads an attribute (tr.ELIDING_INITIALS, language.ELIDING_INITIALS).
+_PACKAGE_CONSTANTS = ("ELIDING_INITIALS",)
+
+
+def _package_constant_used(fn, depth: int = 0, seen: set | None = None) -> str | None:
+    """The name of a constant of ``_PACKAGE_CONSTANTS`` that ``fn`` reads, or None."""
+    seen = set() if seen is None else seen
+    if depth > 4 or id(fn) in seen:
+        return None
+    seen.add(id(fn))
+    constants = {id(getattr(_language, name)): name for name in _PACKAGE_CONSTANTS}
+    if isinstance(fn, functools.partial):
+        values = [fn.func, *fn.args, *fn.keywords.values()]
+        return next((found for found in (constants.get(id(v)) or _package_constant_used(v, depth + 1, seen)
+                                         for v in values) if found), None)
+    fn = inspect.unwrap(fn) if callable(fn) else fn
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    if not isinstance(fn, types.FunctionType):
+        call_method = getattr(type(fn), "__call__", None)
+        if isinstance(call_method, types.FunctionType):
+            return _package_constant_used(call_method, depth + 1, seen)
+        return None
+    if (fn.__module__ or "").startswith("attn_course"):
+        return None  # the package's own functions: forbid=("attn_course",) names them when called
+
+    def reads(code):  # (opname, name) of every global and attribute the code reads, nested functions included
+        for instruction in dis.get_instructions(code):
+            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD"):
+                yield instruction.opname, instruction.argval
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from reads(const)
+
+    values = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values(),
+              *(cell.cell_contents for cell in (fn.__closure__ or ()) if _cell_filled(cell))]
+    for opname, name in reads(fn.__code__):
+        if opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            if name in _PACKAGE_CONSTANTS:  # an attribute: tr.ELIDING_INITIALS
+                return name
+        elif name in fn.__globals__:
+            values.append(fn.__globals__[name])
+    for value in values:
+        if id(value) in constants:
+            return constants[id(value)]
+        if isinstance(value, (types.FunctionType, functools.partial)):
+            found = _package_constant_used(value, depth + 1, seen)
+            if found:
+                return found
+    return None
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
 @exercise(
     "Exercise 1, add a new noun: the rules of a French noun phrase",
     hint="choose the adjective's form by the noun's gender and put it before or after the noun as its entry says; "
@@ -120,6 +190,11 @@ def _elision_hint(noun: str) -> str:
     forbid=("attn_course",),
 )
 def check_french_noun_phrase(noun_phrase) -> str:
+    used = _package_constant_used(noun_phrase)
+    if used is not None:
+        raise Mismatch(f"your code uses attn_course.translator.{used}, the package's set of the letters before which "
+                       "le and la elide: which letters elide (accented vowels, œ, h, not y) is half of this exercise. "
+                       "Write the letters out yourself")
     checked = 0
     for rule, args in _cases():
         got = call(noun_phrase, *args)
@@ -296,7 +371,7 @@ def check_sample_next(sample_next) -> str:
     # Many rows whose two largest logits are 0.001 apart: at temperature 0 every id must be the argmax. Sampling at a
     # small temperature instead (a clamp such as max(temperature, 0.3), max(temperature, 0.01) or even
     # max(temperature, 1e-3), to avoid dividing by 0) picks the runner-up in a sizeable share of these rows (about 27%
-    # at 1e-3); a clamp as small as 1e-6 picks the argmax.
+    # at 1e-3); smaller clamps are named by the closer ties below.
     tied = torch.tensor([[2.0, 1.999, 0.0, -1.0], [1.999, 2.0, -1.0, 0.0]]).repeat(10000, 1)  # (20000, 4)
     what = "sample_next(logits of shape (20000, 4) whose two largest logits are 0.001 apart, temperature=0)"
     got = expect_tensor(call(sample_next, tied, 0.0, torch.Generator().manual_seed(0)), what=what, shape=(20000,),
@@ -307,6 +382,22 @@ def check_sample_next(sample_next) -> str:
            "argmax of each row; do not sample at a small temperature instead (max(temperature, 0.3), "
            "max(temperature, 0.01) or max(temperature, 1e-3), say, to avoid dividing by 0): near-tied logits still "
            "give the runner-up a sizeable chance there")
+    # Closer ties still, 1e-4, 1e-5 and 1e-6 apart (near 0, where float32 holds such gaps exactly): a clamp of the
+    # temperature anywhere from 1e-6 up gives the runner-up a share of these rows (about 27% where the gap equals the
+    # clamp), while a clamp as small as 1e-8 is 100 times below the closest gap and picks the argmax.
+    close = torch.tensor([[0.0, -gap, -1.0, -2.0] for gap in (1e-4, 1e-5, 1e-6)]
+                         + [[-gap, 0.0, -2.0, -1.0] for gap in (1e-4, 1e-5, 1e-6)]).repeat(2000, 1)  # (12000, 4)
+    what = ("sample_next(logits of shape (12000, 4) whose two largest logits are 1e-4, 1e-5 or 1e-6 apart, "
+            "temperature=0)")
+    got = expect_tensor(call(sample_next, close, 0.0, torch.Generator().manual_seed(0)), what=what, shape=(12000,),
+                        dtype="integer", device=close)
+    wrong = got.long().cpu() != close.argmax(dim=-1)
+    if bool(wrong.any()):
+        gaps = [gap for k, gap in enumerate(("1e-4", "1e-5", "1e-6")) if bool(wrong.view(-1, 6)[:, [k, k + 3]].any())]
+        raise Mismatch(f"{what}: {int(wrong.sum()):,} of 12,000 rows got an id other than their largest logit (rows "
+                       f"{', '.join(gaps)} apart). At temperature 0 take the argmax of each "
+                       "row; a clamp of the temperature, max(temperature, 1e-4), 1e-5 or 1e-6, is still a sample at a "
+                       "small temperature, and logits that close give the runner-up a sizeable chance there")
 
     # One row, sampled: the batch axis must survive (translate appends next_id[:, None] to each sentence).
     one = randn(1, 6, generator=generator)
@@ -349,6 +440,22 @@ def check_sample_next(sample_next) -> str:
         expect(not (isinstance(other, torch.Tensor) and torch.equal(first, other)),
                f"{what}: generators seeded differently gave the same samples: draw with the generator you were "
                "given, not with one of your own (or the global one, reseeded)")
+    # A small temperature above 0 is still a sample: at temperature 0.1, rows whose two largest logits are 0.1 apart
+    # give the runner-up about 26% of the draws; an answer that turns greedy below some threshold (argmax if
+    # temperature < 0.5, or < 0.2) draws the largest logit every time. (Not smaller: softmax(z) ** (1 / temperature),
+    # a right answer, underflows to 0 at 0.001 in float64 and at 0.01 in float32.)
+    for small in (0.1,):
+        sharp = (torch.tensor([[1.0, 0.0, -2.0, -3.0]]) * small).repeat(20000, 1)  # (20000, 4): one row, 20,000 times
+        what = (f"sample_next(logits of shape (20000, 4) whose two largest logits are {small:g} apart, "
+                f"temperature={small:g})")
+        got = expect_tensor(call(sample_next, sharp, small, torch.Generator().manual_seed(6)), what=what,
+                            shape=(20000,), dtype="integer", device=sharp)
+        want = torch.softmax(sharp[0].double() / small, dim=-1)  # about 0.696, 0.256, 0.035, 0.013
+        if bool((got.long().cpu() == 0).all()):
+            raise Mismatch(f"{what}: every row got its largest logit, id 0, where id 1 should come up "
+                           f"{float(want[1]):.0%} of the time. Only temperature 0 is greedy: at every temperature "
+                           "above 0, however small, sample from softmax(logits / temperature)")
+        _expect_every_count(got, want, what)
     # One generator, used at successive calls without reseeding, as translate(...) uses it at every decoding step:
     # each call must go on from where the last one stopped (the reference's two draws differ). An answer that
     # restarts from generator.initial_seed() (reseeding the global generator, or one of its own) or from a copy of
