@@ -278,6 +278,14 @@ def scores_keys_by_squares(q_content, q_rope, w_uk, latents, rope_keys):
     return (content + q_rope @ rope_keys[:, None].transpose(-2, -1)) / math.sqrt(D + q_rope.size(-1))
 
 
+def scores_naive_when_narrow_heads(q_content, q_rope, w_uk, latents, rope_keys):
+    """The twelfth review's answer: keys rebuilt whenever a head is no wider than the latent (DeepSeek-V2's
+    proportion, d_c = 4 d_h), the absorbed form otherwise."""
+    if q_content.size(-1) <= latents.size(-1):
+        return scores_naive(q_content, q_rope, w_uk, latents, rope_keys)
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+
+
 def scores_triple_loop(q_content, q_rope, w_uk, latents, rope_keys):
     """Keys built one batch, head and token at a time with * and .sum, into a buffer on the inputs' device."""
     B, H, L, D = q_content.shape
@@ -620,6 +628,7 @@ CASES = [
     (check_absorbed_scores, scores_elementwise, "correct", "no key is rebuilt"),
     (check_absorbed_scores, scores_keys_per_token_elementwise, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_triple_loop, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_naive_when_narrow_heads, "incorrect", "one head's keys"),
     (check_absorbed_scores, scores_keys_by_prod, "incorrect", "whatever operation made the products"),
     (check_absorbed_scores, scores_keys_by_squares, "incorrect", "whatever operation made the products"),
     (check_absorbed_scores, scores_keys_conv1d_per_coordinate, "incorrect", "rebuilding one head's keys"),

@@ -25,7 +25,9 @@ key in the head width, several times the work of the absorbed form, which scores
 long cache (300 tokens) with wide heads and a narrow latent, adds a third limit, the count of all the numbers the
 answer's operations produce (views not counted): one head's keys are more numbers than the absorbed form produces
 there, so keys rebuilt through operations the multiply-add count has no formula for (``prod``, ``pow``, a
-polarization identity) are named as well. It also forbids
+polarization identity) are named as well. Two more cases have DeepSeek-V2's proportions (a latent four times a
+head's width), so that an answer that rebuilds the keys only when the heads are narrower than the latent is named
+by the multiply-add limit. It also forbids
 leaving torch (``Tensor.numpy``, ``__array__``, ``tolist``, ``item``, ``float()``, ``int()``): keys built in
 numpy, Python lists or Python numbers would hide from that watch, on a machine with a GPU as on one without.
 
@@ -308,6 +310,10 @@ def check_absorbed_scores(absorbed_scores) -> str:
     # A long cache with wide heads and a narrow latent: one head's keys (19,200 numbers) outnumber everything the
     # absorbed form produces (at most 11,036), so keys rebuilt by any route (prod, pow, ...) are named by their count.
     _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=64, Dc=2, Dr=2, S=300)
+    # DeepSeek-V2's proportions, a latent four times a head's width (d_c = 4 d_h): the multiply-add limit applies
+    # here too, so an answer that rebuilds the keys whenever a head is no wider than the latent is named.
+    _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=8, Dc=32, Dr=4, S=100)
+    _scores_case(absorbed_scores, generator, B=2, H=2, L=3, D=8, Dc=32, Dr=4, S=100, decode_passed=True)
     # The notebook's sizes, then others: several queries, batch 3, one head, a head wider and narrower than the
     # latent, no rotary part, float64 (too small for the limits to tell the forms apart, so they check the numbers).
     for B, H, L, D, Dc, Dr, S in ((2, 4, 1, 8, 6, 4, 10), (3, 3, 4, 6, 10, 2, 7), (1, 1, 2, 5, 3, 2, 9),
