@@ -977,3 +977,119 @@ def test_a_running_logsumexp_is_named():
     assert feedback.status == "incorrect", str(feedback)
     assert "-1e12" in feedback.message and "Keep m and l separately" in feedback.message, feedback.message
     assert "Hint:" in str(feedback)
+
+
+# --- the eleventh review: a list accepted in exercise 1; 16-bit rounding named in exercise 1 only where the sum is
+# the right one rounded through float16 or bfloat16; a merge computed in float32 and converted back to float64
+# passes (the dtype policy); exercises 2 and 5, which ask for the inputs' dtype, name a float64 output that holds
+# float32 numbers ---------------------------------------------------------------------------------------------
+
+def update_as_list(running_max, running_sum, block):
+    return list(update(running_max, running_sum, block))
+
+
+def update_float32_and_back(running_max, running_sum, block):
+    """Right, by the dtype policy: computed in float32, converted back to the inputs' dtype."""
+    dtype = running_max.dtype
+    return tuple(x.to(dtype) for x in update(running_max.float(), running_sum.float(), block.float()))
+
+
+def merge_float32_and_back(state_a, state_b):
+    """The review's rejected right answer: the float32 merge of merge_computed_in_float32, converted back."""
+    dtype = state_a[0].dtype
+    return tuple(x.to(dtype) for x in merge_computed_in_float32(state_a, state_b))
+
+
+def update_with(block_terms=None, correction=None):
+    """The update with the block's terms (from the shifted scores) or the correction (from running_max - new_max)
+    computed another way: a plausible mistake, or a 16-bit step."""
+    def answer(running_max, running_sum, block):
+        new_max = torch.maximum(running_max, block.amax(dim=-1))
+        shifted = block - new_max[:, None]
+        terms = block_terms(shifted) if block_terms else torch.exp(shifted)
+        factor = correction(running_max - new_max) if correction else torch.exp(running_max - new_max)
+        return new_max, running_sum * factor + terms.sum(dim=-1)
+    return answer
+
+
+SIXTEEN_BITS = "the rounding of a 16-bit dtype"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        update_with(block_terms=lambda x: torch.exp(x.half()).to(x.dtype)),  # exponentials in float16, summed in float64
+        update_with(correction=lambda x: torch.exp(x.bfloat16()).to(x.dtype)),  # the correction in bfloat16
+        update_with(block_terms=lambda x: torch.exp(x).bfloat16().sum(dim=-1, keepdim=True).to(x.dtype)),  # the sum
+        update_half_sum,
+    ],
+)
+def test_sixteen_bit_steps_are_named(answer):
+    feedback = check_online_softmax_update(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert SIXTEEN_BITS in feedback.message, feedback.message
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        update_with(block_terms=lambda x: torch.exp(x.topk(min(3, x.size(-1)), dim=-1).values)),  # the top-3 only
+        update_with(block_terms=lambda x: torch.exp(x.clamp(min=-5.0))),  # exponents clamped at -5
+        update_with(block_terms=lambda x: torch.exp(x) * 1.001),  # off by a relative 1e-3, no 16-bit step
+    ],
+)
+def test_other_small_errors_are_not_blamed_on_16_bits(answer):
+    feedback = check_online_softmax_update(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert SIXTEEN_BITS not in feedback.message and "16-bit" not in feedback.message, feedback.message
+    assert "values differ" in feedback.message, feedback.message
+    assert "Hint:" in str(feedback)
+
+
+def test_eleventh_review_right_answers_pass():
+    for check, answer in ((check_online_softmax_update, update_as_list),
+                          (check_online_softmax_update, update_float32_and_back),
+                          (check_merge_states, merge_float32_and_back),
+                          (check_merge_states, lambda a, b: tuple(x.double() for x in merge_float32(a, b)))):
+        feedback = check(answer)
+        assert feedback, str(feedback)
+
+
+def causal_tile_float32_and_back(query_tile, keys, values, first_query, block_size):
+    output, tiles = causal_tile(query_tile.float(), keys.float(), values.float(), first_query, block_size)
+    return output.to(query_tile.dtype), tiles
+
+
+def causal_tile_nudged(query_tile, keys, values, first_query, block_size):
+    """Wrong in float64 by about 1e-6, with no float32 step: not named as float32 precision."""
+    output, tiles = causal_tile(query_tile, keys, values, first_query, block_size)
+    return output + 1e-6, tiles
+
+
+def cache_step_float32_and_back(query, key, value, cache_keys, cache_values, length):
+    T = query.size(2)
+    cache_keys[:, :, length:length + T], cache_values[:, :, length:length + T] = key, value
+    keys, values = cache_keys[:, :, :length + T].float(), cache_values[:, :, :length + T].float()
+    allowed = ac.causal_mask(T, length + T, align="bottom_right", device=query.device)
+    return F.scaled_dot_product_attention(query.float(), keys, values, attn_mask=allowed).to(query.dtype)
+
+
+FLOAT32_NUMBERS = "every value of it is a float32 number"
+
+
+@pytest.mark.parametrize(
+    "check, answer",
+    [(check_causal_tile_attention, causal_tile_float32_and_back),
+     (check_cache_attention_step, cache_step_float32_and_back)],
+)
+def test_float32_numbers_in_a_float64_output_are_named(check, answer):
+    feedback = check(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert FLOAT32_NUMBERS in feedback.message and "inputs' dtype" in feedback.message, feedback.message
+    assert "Hint:" in str(feedback)
+
+
+def test_a_float64_output_off_by_little_is_not_blamed_on_float32():
+    feedback = check_causal_tile_attention(causal_tile_nudged)
+    assert feedback.status == "incorrect", str(feedback)
+    assert FLOAT32_NUMBERS not in feedback.message, feedback.message
