@@ -64,6 +64,8 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     },
     "torch_error_text": {
     },
+    "sections": {
+    },
 }
 
 
@@ -457,3 +459,35 @@ def test_compared_cells_do_not_print_pytorch_error_text(path):
              if execute.compared_by_nbval(cell) and _prints_error_text(cell.source)]
     assert not wrong, (f"{path.name}: {', '.join(wrong)} print(s) the text of a PyTorch error, which changes "
                        "between releases: print its type and the shapes involved instead")
+
+
+# --- sections: numbered without a gap, every "section N" points at one, the anatomy's closing sections present -----
+
+SECTION_HEADING = re.compile(r"^## +(\d+)[.)]? ", re.M)
+# "section 4" and "sections 2 and 3" of this chapter; not "section 3 of chapter 10", "section 3.2.3" of a paper
+SECTION_REFERENCE = re.compile(r"\b[Ss]ections? (\d+)\b(?![.\d]*\d)(?! of (?:chapter|the paper|their|DeepSeek))")
+
+
+def _sections(nb: dict) -> tuple[list[int], set[int], str]:
+    markdown = "\n".join("".join(cell["source"]) for cell in nb["cells"] if cell["cell_type"] == "markdown")
+    numbers = [int(match.group(1)) for match in SECTION_HEADING.finditer(markdown)]
+    references = {int(match.group(1)) for match in SECTION_REFERENCE.finditer(markdown)}
+    return numbers, references, markdown
+
+
+def test_section_rule():
+    numbers, references, _ = _sections({"cells": [{"cell_type": "markdown", "source": [
+        "## 1. One\n", "see section 2 and section 3.2.3 of the paper; section 4 of chapter 10\n", "## 2. Two\n"]}]})
+    assert numbers == [1, 2] and references == {2}
+
+
+@pytest.mark.parametrize("path", _chapters("sections"))
+def test_sections_are_numbered_and_every_reference_has_its_section(path):
+    """A cut cell once took a chapter's section 9 (its 'Why?' questions and common bugs) with it, leaving the
+    numbering 8 -> 10 and a 'section 9 says why' pointing nowhere."""
+    numbers, references, markdown = _sections(_load(path))
+    assert numbers == list(range(1, len(numbers) + 1)), f"{path.name}: the sections are numbered {numbers}"
+    missing = sorted(references - set(numbers))
+    assert not missing, f"{path.name}: the prose refers to section(s) {missing}, which the chapter does not have"
+    assert re.search(r"^#{2,3} .*Why\?", markdown, re.M), f"{path.name}: no 'Why?' section (questions worth answering)"
+    assert "Common bugs" in markdown, f"{path.name}: no 'Common bugs' list"
