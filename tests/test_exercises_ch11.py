@@ -286,6 +286,20 @@ def scores_naive_when_narrow_heads(q_content, q_rope, w_uk, latents, rope_keys):
     return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
 
 
+def scores_naive_when_many_heads(q_content, q_rope, w_uk, latents, rope_keys):
+    """The thirteenth review's answer: keys rebuilt only when there are more than two heads."""
+    if q_content.size(1) > 2:
+        return scores_naive(q_content, q_rope, w_uk, latents, rope_keys)
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+
+
+def scores_naive_in_float64(q_content, q_rope, w_uk, latents, rope_keys):
+    """The thirteenth review's answer: keys rebuilt only for float64 inputs."""
+    if q_content.dtype == torch.float64:
+        return scores_naive(q_content, q_rope, w_uk, latents, rope_keys)
+    return scores_right(q_content, q_rope, w_uk, latents, rope_keys)
+
+
 def scores_triple_loop(q_content, q_rope, w_uk, latents, rope_keys):
     """Keys built one batch, head and token at a time with * and .sum, into a buffer on the inputs' device."""
     B, H, L, D = q_content.shape
@@ -628,6 +642,8 @@ CASES = [
     (check_absorbed_scores, scores_elementwise, "correct", "no key is rebuilt"),
     (check_absorbed_scores, scores_keys_per_token_elementwise, "incorrect", "rebuilding one head's keys"),
     (check_absorbed_scores, scores_triple_loop, "incorrect", "rebuilding one head's keys"),
+    (check_absorbed_scores, scores_naive_when_many_heads, "incorrect", "one head's keys"),
+    (check_absorbed_scores, scores_naive_in_float64, "incorrect", "the up-projection the absorbed form avoids"),
     (check_absorbed_scores, scores_naive_when_narrow_heads, "incorrect", "one head's keys"),
     (check_absorbed_scores, scores_keys_by_prod, "incorrect", "whatever operation made the products"),
     (check_absorbed_scores, scores_keys_by_squares, "incorrect", "whatever operation made the products"),

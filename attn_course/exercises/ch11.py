@@ -27,7 +27,7 @@ answer's operations produce (views not counted): one head's keys are more number
 there, so keys rebuilt through operations the multiply-add count has no formula for (``prod``, ``pow``, a
 polarization identity) are named as well. Two more cases have DeepSeek-V2's proportions (a latent four times a
 head's width), so that an answer that rebuilds the keys only when the heads are narrower than the latent is named
-by the multiply-add limit. It also forbids
+by the multiply-add limit; and one with three heads and one in float64 are watched too. It also forbids
 leaving torch (``Tensor.numpy``, ``__array__``, ``tolist``, ``item``, ``float()``, ``int()``): keys built in
 numpy, Python lists or Python numbers would hide from that watch, on a machine with a GPU as on one without.
 
@@ -314,6 +314,10 @@ def check_absorbed_scores(absorbed_scores) -> str:
     # here too, so an answer that rebuilds the keys whenever a head is no wider than the latent is named.
     _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=8, Dc=32, Dr=4, S=100)
     _scores_case(absorbed_scores, generator, B=2, H=2, L=3, D=8, Dc=32, Dr=4, S=100, decode_passed=True)
+    # Three heads, and float64: an answer that rebuilds the keys only for more than two heads, or only for float64
+    # inputs, is named by the multiply-add limit as well.
+    _scores_case(absorbed_scores, generator, B=1, H=3, L=1, D=24, Dc=5, Dr=4, S=60)
+    _scores_case(absorbed_scores, generator, B=1, H=2, L=1, D=24, Dc=5, Dr=4, S=60, dtype=torch.float64)
     # The notebook's sizes, then others: several queries, batch 3, one head, a head wider and narrower than the
     # latent, no rotary part, float64 (too small for the limits to tell the forms apart, so they check the numbers).
     for B, H, L, D, Dc, Dr, S in ((2, 4, 1, 8, 6, 4, 10), (3, 3, 4, 6, 10, 2, 7), (1, 1, 2, 5, 3, 2, 9),
