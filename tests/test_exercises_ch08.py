@@ -511,7 +511,7 @@ FLOORED = "started or floored at a finite value"
         (check_merge_states, lambda a, b: (lambda m, l, acc: (torch.where(torch.isfinite(m), m, torch.full_like(m, math.nan)),
                                                               l, acc))(*merge(a, b)), "must stay -inf"),
         (check_merge_states, lambda a, b: (lambda m, l, acc: (m + torch.log(l), torch.ones_like(l), acc / l[:, None]))(
-            *merge(a, b)), "the larger of the two maxima"),  # the log-sum-exp returned as m (and -inf, NaN rows)
+            *merge(a, b)), "renormalised state"),  # the log-sum-exp returned as m (and -inf, NaN rows)
         (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l, acc.T))(*merge(a, b)), "expected shape (7, 3)"),
         (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l + 1e-3, acc))(*merge(a, b)), "values differ"),
         # the eighth review's accepted answers: a maximum or reference floored at a finite value (exercises 1 and 3)

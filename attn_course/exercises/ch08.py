@@ -854,7 +854,8 @@ def _expect_the_maximum(m: torch.Tensor, expected: torch.Tensor, what: str) -> N
         raise Mismatch(f"{what}: m must be the larger of the two maxima, query by query; row {row} got m = "
                        f"{float(m[row]):g}, its maximum is {float(expected[row]):g}. Measured against anything smaller "
                        "than the maximum, exp(m_part - m) overflows when the parts' maxima lie far apart (rows 5 and 6 "
-                       "here: about 1000 apart).")
+                       "here: about 1000 apart). A renormalised state such as (m + log l, 1, acc / l) has the same "
+                       "output acc / l, but it is not the state asked for: its m is not the maximum.")
 
 
 def _not_rounded_to_16_bits(x: torch.Tensor, what: str) -> None:
