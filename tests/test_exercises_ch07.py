@@ -221,6 +221,36 @@ def noun_phrase_with_the_packages_letters_in_a_helper(article, adjective, noun, 
     return " ".join(["le" if gender == "m" else "la", *words])
 
 
+def noun_phrase_with_the_packages_letters_by_getattr(article, adjective, noun, gender):
+    """The eleventh review's accepted answer: the package's set read by a computed name, which no name in the
+    code shows."""
+    words = [noun]
+    if adjective is not None:
+        form = adjective[0] if gender == "m" else adjective[1]
+        words = [form, noun] if adjective[2] == "before" else [noun, form]
+    if article == "a":
+        return " ".join(["un" if gender == "m" else "une", *words])
+    if words[0][0] in getattr(tr, "ELIDING_" + "INITIALS"):
+        return "l'" + " ".join(words)
+    return " ".join(["le" if gender == "m" else "la", *words])
+
+
+def noun_phrase_with_the_packages_letters_imported_and_copied(article, adjective, noun, gender):
+    """The same through an import inside the function and a copy made at the call (a str of the letters)."""
+    from attn_course.translator import language
+
+    vowels = "".join(sorted(vars(language)["ELIDING_" + "INITIALS"]))
+    words = [noun]
+    if adjective is not None:
+        form = adjective[0] if gender == "m" else adjective[1]
+        words = [form, noun] if adjective[2] == "before" else [noun, form]
+    if article == "a":
+        return " ".join(["un" if gender == "m" else "une", *words])
+    if words[0][0] in vowels:
+        return "l'" + " ".join(words)
+    return " ".join(["le" if gender == "m" else "la", *words])
+
+
 def noun_phrase_right_with_its_own_constant(article, adjective, noun, gender):
     """A right answer whose own global happens to share the package constant's name."""
     words = [noun]
@@ -303,6 +333,15 @@ def test_noun_phrase_package_is_forbidden(answer):
 def test_noun_phrase_packages_letters_are_forbidden(answer):
     feedback = check_french_noun_phrase(answer)
     assert feedback.status == "incorrect" and "attn_course.translator.ELIDING_INITIALS" in feedback.message, str(feedback)
+
+
+@pytest.mark.parametrize("answer", [noun_phrase_with_the_packages_letters_by_getattr,
+                                    noun_phrase_with_the_packages_letters_imported_and_copied])
+def test_noun_phrase_packages_letters_read_as_it_runs_are_forbidden(answer):
+    feedback = check_french_noun_phrase(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert "attn_course.translator.ELIDING_INITIALS (read as your function ran" in feedback.message, str(feedback)
+    assert type(tr.ELIDING_INITIALS) is frozenset and type(tr.language.ELIDING_INITIALS) is frozenset  # restored
 
 
 def test_noun_phrase_wrong_type():
@@ -390,6 +429,20 @@ def sample_greedy_below_a_half(logits, temperature, generator):
 
 def sample_greedy_below_a_fifth(logits, temperature, generator):
     if temperature < 0.2:
+        return logits.argmax(dim=-1)
+    return sample_right(logits, temperature, generator)
+
+
+def sample_greedy_below_a_twentieth(logits, temperature, generator):
+    """The eleventh review's accepted answer: greedy below 0.05 (the check sampled at 0.1 only)."""
+    if temperature < 0.05:
+        return logits.argmax(dim=-1)
+    return sample_right(logits, temperature, generator)
+
+
+def sample_greedy_below_a_tenth(logits, temperature, generator):
+    """The same, greedy below 0.095 (just under the 0.1 the check sampled at)."""
+    if temperature < 0.095:
         return logits.argmax(dim=-1)
     return sample_right(logits, temperature, generator)
 
@@ -640,6 +693,14 @@ def sample_right_powers(logits, temperature, generator):
     return torch.multinomial(torch.softmax(logits, dim=-1).double() ** (1 / temperature), 1, generator=generator)[:, 0]
 
 
+def sample_right_powers_float32(logits, temperature, generator):
+    """A correct alternative: softmax(z) ** (1 / temperature) in float32, which does not underflow at the check's
+    smallest temperature, 0.02 (about 1e-30 there)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(torch.softmax(logits, dim=-1) ** (1 / temperature), 1, generator=generator).squeeze(1)
+
+
 def sample_returns_ids_on_the_cpu(logits, temperature, generator):
     """The fourth review's accepted answer: the ids come back on the CPU (on a GPU, translate's torch.cat fails)."""
     if temperature == 0:
@@ -663,7 +724,8 @@ def sample_right_copied_out_and_back(logits, temperature, generator):
 
 def test_sample_right():
     for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature,
-                   sample_right_inverse_cdf, sample_right_powers, sample_right_copied_out_and_back,
+                   sample_right_inverse_cdf, sample_right_powers, sample_right_powers_float32,
+                   sample_right_copied_out_and_back,
                    sample_right_tiny_temperature_clamp, sample_right_gumbel_float32, sample_right_int32):
         feedback = check_sample_next(answer)
         assert feedback.status == "correct", str(feedback)
@@ -712,6 +774,8 @@ def test_sample_crash_and_scaffold():
         (sample_clamps_the_temperature_at(3e-7), "is still a sample at a small temperature"),
         (sample_greedy_below_a_half, "Only temperature 0 is greedy"),
         (sample_greedy_below_a_fifth, "Only temperature 0 is greedy"),
+        (sample_greedy_below_a_tenth, "temperature=0.05): every row got its largest logit"),
+        (sample_greedy_below_a_twentieth, "temperature=0.02): every row got its largest logit"),
         (sample_clamps_the_logits, "clamping the logits against overflow"),
         (sample_patches_the_overflow, "torch.nan_to_num"),
         (sample_floors_the_probabilities, "A floor on the probabilities"),
