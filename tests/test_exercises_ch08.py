@@ -428,6 +428,14 @@ def merge_floored(state_a, state_b, floor=-1e4, floor_m=False):
 
 FLOORED = "started or floored at a finite value"
 
+
+def cache_step_whole_buffer_masked(query, key, value, cache_keys, cache_values, length):
+    """Writes in place, then attends over the whole max_len buffer with the slots after length + T masked."""
+    T, S = query.size(2), cache_keys.size(2)
+    cache_keys[:, :, length:length + T], cache_values[:, :, length:length + T] = key, value
+    allowed = torch.ones(T, S, dtype=torch.bool, device=query.device).tril(diagonal=length)  # (T, S)
+    return F.scaled_dot_product_attention(query, cache_keys, cache_values, attn_mask=allowed)
+
 @pytest.mark.parametrize(
     "check, answer, text",
     [
@@ -488,6 +496,9 @@ FLOORED = "started or floored at a finite value"
         (check_causal_tile_attention, functools.partial(causal_tile_two_pass, recompute=True), "two passes over the keys"),
         # the fourth review's accepted answer to exercise 5: a softmax without its max shift, on scores near 100
         (check_cache_attention_step, cache_step_without_max_shift, "overflows float32"),
+        # the thirteenth review's accepted answer: attention over all max_len slots, the unwritten ones masked (it
+        # passed on zero-filled buffers; the buffers' empty slots now hold NaN, as torch.empty's may)
+        (check_cache_attention_step, cache_step_whole_buffer_masked, "empty ones too"),
         (check_causal_tile_attention, lambda q, k, v, f, n: causal_tile_no_loop(q, k, v, f, n, needed_keys_only=True),
          "all at once"),
         # the review's accepted answer: the accumulators made without dtype=, so float32 for float64 inputs

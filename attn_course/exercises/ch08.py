@@ -1039,6 +1039,11 @@ def check_cache_attention_step(cache_attention_step) -> str:
             "of ac.cached_self_attention.")
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal, NaN where the other is NaN included (the buffers' unwritten slots hold NaN)."""
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
 def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed, large=False, far_below=None,
                      rising=None) -> None:
     generator = rng(seed)
@@ -1057,8 +1062,10 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
         step = 1e9 if rising == "1e10" else 1e299  # lowered by a fixed amount (1e9, or 1e30) still outranks the rest
         k[..., 0] = step * math.sqrt(D) * torch.arange(tokens, dtype=dtype)
     full = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True).to(dtype)  # (B, H, tokens, D)
-    cache_keys = torch.zeros(B, H, max_len, D, dtype=dtype)  # (B, H, max_len, D): nothing stored yet
-    cache_values = torch.zeros(B, H, max_len, D, dtype=dtype)
+    # (B, H, max_len, D): nothing stored yet. NaN, as a buffer from torch.empty may hold: a step that reads the slots
+    # after length + T (attention over the whole buffer, even with those slots masked: 0 x NaN is NaN) shows it.
+    cache_keys = torch.full((B, H, max_len, D), float("nan"), dtype=dtype)
+    cache_values = torch.full((B, H, max_len, D), float("nan"), dtype=dtype)
     for start, end in steps:
         T = end - start
         what = (f"cache_attention_step(...) for tokens {start}..{end - 1} with length={start} "
@@ -1071,7 +1078,7 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
             raise Mismatch(f"{what}: your output is {got.dtype} for {dtype} inputs; the statement asks for the inputs' "
                            "dtype (attention over the buffers gives it: do not convert)")
         got = got.detach().double()
-        if torch.equal(cache_keys, before_keys) and torch.equal(cache_values, before_values):
+        if _same(cache_keys, before_keys) and _same(cache_values, before_values):
             raise Mismatch(f"{what}: the cache buffers did not change. Write the new keys and values into "
                            "cache_keys and cache_values in place (cache_keys[:, :, a:b] = key), so that later steps "
                            "find them; torch.cat makes a new tensor and leaves the buffers as they were.")
@@ -1082,8 +1089,8 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
             raise Mismatch(f"{what}: after the step, the first {end} positions of the buffers should hold the keys "
                            f"and values of tokens 0..{end - 1}; they do not (check the slice you write into, and "
                            "that keys go to cache_keys and values to cache_values).")
-        if not (torch.equal(cache_keys[:, :, end:], before_keys[:, :, end:])
-                and torch.equal(cache_values[:, :, end:], before_values[:, :, end:])):
+        if not (_same(cache_keys[:, :, end:], before_keys[:, :, end:])
+                and _same(cache_values[:, :, end:], before_values[:, :, end:])):
             raise Mismatch(f"{what}: you wrote beyond position {end - 1}: the slots after the stored tokens must stay "
                            "as they were.")
         if large and not torch.isfinite(got).all():
@@ -1091,6 +1098,14 @@ def _check_cache_run(cache_attention_step, B, H, D, max_len, dtype, steps, seed,
                            "overflows float32 (its largest exponent is about 88.7): a softmax written by hand must "
                            "subtract each row's maximum score before exponentiating (or use .softmax or "
                            "F.scaled_dot_product_attention, which do).")
+        if torch.isnan(got).any() and end < max_len:
+            raise Mismatch(f"{what}: your output holds NaN. The buffers' slots after the stored and new tokens "
+                           f"(positions {end} .. {max_len - 1}) hold NaN here, as a buffer made by torch.empty may: "
+                           "if you attended to all max_len slots of the buffers, the empty ones too, even with them "
+                           "masked (a weight of 0 times NaN is NaN), take only the first length + T positions. "
+                           "Otherwise NaN comes from a query that has every key blocked: ac.causal_mask is True where "
+                           "attending is *allowed*; new query i (token length + i) sees keys 0 .. length + i, its own "
+                           "included.")
         if torch.isnan(got).any():
             raise Mismatch(f"{what}: your output holds NaN, which happens when a query has every key blocked. "
                            "ac.causal_mask is True where attending is *allowed*: did you use it the other way round? Or "
