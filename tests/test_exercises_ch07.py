@@ -251,6 +251,19 @@ def noun_phrase_with_the_packages_letters_imported_and_copied(article, adjective
     return " ".join(["le" if gender == "m" else "la", *words])
 
 
+def noun_phrase_with_a_copy_as_default(article, adjective, noun, gender, vowels=set(tr.ELIDING_INITIALS)):
+    """The twelfth review's accepted answer: a copy of the package's set made as a default argument."""
+    words = [noun]
+    if adjective is not None:
+        form = adjective[0] if gender == "m" else adjective[1]
+        words = [form, noun] if adjective[2] == "before" else [noun, form]
+    if article == "a":
+        return " ".join(["un" if gender == "m" else "une", *words])
+    if words[0][0] in vowels:
+        return "l'" + " ".join(words)
+    return " ".join(["le" if gender == "m" else "la", *words])
+
+
 def noun_phrase_right_with_its_own_constant(article, adjective, noun, gender):
     """A right answer whose own global happens to share the package constant's name."""
     words = [noun]
@@ -329,7 +342,8 @@ def test_noun_phrase_package_is_forbidden(answer):
 
 
 @pytest.mark.parametrize("answer", [noun_phrase_with_the_packages_letters,
-                                    noun_phrase_with_the_packages_letters_in_a_helper])
+                                    noun_phrase_with_the_packages_letters_in_a_helper,
+                                    noun_phrase_with_a_copy_as_default])
 def test_noun_phrase_packages_letters_are_forbidden(answer):
     feedback = check_french_noun_phrase(answer)
     assert feedback.status == "incorrect" and "attn_course.translator.ELIDING_INITIALS" in feedback.message, str(feedback)

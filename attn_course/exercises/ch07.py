@@ -46,6 +46,7 @@ import dis
 import functools
 import inspect
 import math
+import re
 import sys
 import types
 
@@ -162,6 +163,13 @@ def _package_constant_used(fn, depth: int = 0, seen: set | None = None) -> str |
             if isinstance(const, types.CodeType):
                 yield from reads(const)
 
+    try:  # the function's own text, its def line's default arguments included (vowels=set(tr.ELIDING_INITIALS))
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    found = next((name for name in _PACKAGE_CONSTANTS if re.search(rf"\.\s*{name}\b", source)), None)  # tr.NAME
+    if found:
+        return found
     values = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values(),
               *(cell.cell_contents for cell in (fn.__closure__ or ()) if _cell_filled(cell))]
     for opname, name in reads(fn.__code__):
