@@ -546,6 +546,8 @@ def cache_step_whole_buffer_masked(query, key, value, cache_keys, cache_values, 
         (check_merge_states, lambda a, b: (lambda m, l, acc: (m, l.bfloat16().to(l.dtype), acc))(*merge(a, b)),
          "rounded it through a 16-bit dtype"),
         (check_kv_cache_bytes, lambda *a: kv_cache_bytes(*a) // 2, "keys *and* values"),
+        # the fourteenth review: bytes_per_number ignored (always 2) gave half of the first case, named "keys only"
+        (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(n, h, d, s, b, 2), "does not use bytes_per_number"),
         (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(1, h, d, s, b, p), "that is one layer"),
         (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(n, h, d, s, 1, p), "that is one sequence"),
         (check_kv_cache_bytes, lambda n, h, d, s, b, p: kv_cache_bytes(n, h, d, s, b, 1), "not bytes"),

@@ -917,6 +917,12 @@ def check_kv_cache_bytes(kv_cache_bytes, gpt2_tokens_in_64_gib=None) -> str:
         what = (f"kv_cache_bytes(num_layers={num_layers}, num_heads={num_heads}, head_dim={head_dim}, seq_len={seq_len}, "
                 f"batch_size={batch_size}, bytes_per_number={bytes_per_number})")
         got = expect_number(call(kv_cache_bytes, *case), what=what)
+        if got != expected and got != expected / bytes_per_number:  # does the answer change with bytes_per_number?
+            other_bytes = 8 if bytes_per_number != 8 else 1
+            other = expect_number(call(kv_cache_bytes, *case[:5], other_bytes), what=what)
+            if other == got:
+                raise Mismatch(f"{what} = {got:,}, and the same with bytes_per_number={other_bytes}: your answer does "
+                               "not use bytes_per_number (a fixed size per number?); multiply by it")
         if got == expected / 2:
             raise Mismatch(f"{what} = {got:,}, exactly half the answer: the cache stores keys *and* values")
         if num_layers > 1 and got == expected / num_layers:
