@@ -126,6 +126,25 @@ def noun_phrase_vowels_of_the_tests(article, adjective, noun, gender):
     return text
 
 
+def _noun_phrase_with_letters(letters):
+    def answer(article, adjective, noun, gender):
+        words = [noun]
+        if adjective is not None:
+            form = adjective[0] if gender == "m" else adjective[1]
+            words = [form, noun] if adjective[2] == "before" else [noun, form]
+        if article == "a":
+            return " ".join(["un" if gender == "m" else "une"] + words)
+        if words[0][0] in letters:
+            return "l'" + " ".join(words)
+        return " ".join(["le" if gender == "m" else "la"] + words)
+    return answer
+
+
+# The thirteenth review's accepted answers: letters typed by hand that leave out a plain vowel (le enfant, la usine).
+noun_phrase_without_a_plain_e = _noun_phrase_with_letters("aiouàâäéèêëîïôöûùüœæh")
+noun_phrase_without_a_plain_u = _noun_phrase_with_letters("aeioàâäéèêëîïôöûùüœæh")
+
+
 def noun_phrase_elides_before_y(article, adjective, noun, gender):
     text = noun_phrase_right(article, adjective, noun, gender)
     return "l'" + text[3:] if text.startswith("le y") else text
@@ -321,6 +340,8 @@ def test_noun_phrase_right():
         (noun_phrase_always_une, "gender"),
         (noun_phrase_vowels_of_the_tests, "accented vowel"),
         (noun_phrase_elides_before_y, "A y is a consonant"),
+        (noun_phrase_without_a_plain_e, "'e' is a plain vowel"),
+        (noun_phrase_without_a_plain_u, "'u' is a plain vowel"),
         (noun_phrase_unicode_without_ligature, "œ"),
         (noun_phrase_feminine_adds_e, "feminine"),
         (noun_phrase_elision_by_the_noun, "no elision"),
@@ -457,6 +478,20 @@ def sample_greedy_below_a_twentieth(logits, temperature, generator):
 def sample_greedy_below_a_tenth(logits, temperature, generator):
     """The same, greedy below 0.095 (just under the 0.1 the check sampled at)."""
     if temperature < 0.095:
+        return logits.argmax(dim=-1)
+    return sample_right(logits, temperature, generator)
+
+
+def sample_greedy_below_0_019(logits, temperature, generator):
+    """The thirteenth review's accepted answer: greedy below 0.019 (the check's smallest sampled temperature was 0.02)."""
+    if temperature < 0.019:
+        return logits.argmax(dim=-1)
+    return sample_right(logits, temperature, generator)
+
+
+def sample_greedy_below_0_002(logits, temperature, generator):
+    """The same, greedy below 0.002 (between the check's two smallest temperatures, 0.005 and 0.001)."""
+    if temperature < 0.002:
         return logits.argmax(dim=-1)
     return sample_right(logits, temperature, generator)
 
@@ -708,8 +743,9 @@ def sample_right_powers(logits, temperature, generator):
 
 
 def sample_right_powers_float32(logits, temperature, generator):
-    """A correct alternative: softmax(z) ** (1 / temperature) in float32, which does not underflow at the check's
-    smallest temperature, 0.02 (about 1e-30 there)."""
+    """A correct alternative: softmax(z) ** (1 / temperature) in the logits' dtype, which does not underflow at the
+    check's smallest temperature on float32 rows, 0.02 (about 1e-30 there), nor at 0.001 on its float64 rows of two
+    logits (about 1e-301 there)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     return torch.multinomial(torch.softmax(logits, dim=-1) ** (1 / temperature), 1, generator=generator).squeeze(1)
@@ -790,6 +826,8 @@ def test_sample_crash_and_scaffold():
         (sample_greedy_below_a_fifth, "Only temperature 0 is greedy"),
         (sample_greedy_below_a_tenth, "temperature=0.05): every row got its largest logit"),
         (sample_greedy_below_a_twentieth, "temperature=0.02): every row got its largest logit"),
+        (sample_greedy_below_0_019, "temperature=0.005): every row got its largest logit"),
+        (sample_greedy_below_0_002, "temperature=0.001): every row got its largest logit"),
         (sample_clamps_the_logits, "clamping the logits against overflow"),
         (sample_patches_the_overflow, "torch.nan_to_num"),
         (sample_floors_the_probabilities, "A floor on the probabilities"),
@@ -1075,6 +1113,23 @@ def beam_prefers_finished(next_log_probs, beam_width, max_len, start_id, end_id)
     return (done or beams)[0][0][1:]
 
 
+def beam_prefers_unfinished(next_log_probs, beam_width, max_len, start_id, end_id):
+    """The thirteenth review's accepted answer: at max_len, the best unfinished survivor is returned even where a
+    finished one scores higher."""
+    beams = [([start_id], 0.0)]
+    for _ in range(max_len):
+        alive = [b for b in beams if b[0][-1] != end_id]
+        if not alive:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))
+        candidates = [b for b in beams if b[0][-1] == end_id]
+        for (ids, score), row in zip(alive, log_probs.tolist()):
+            candidates += [(ids + [token], score + value) for token, value in enumerate(row)]
+        beams = sorted(candidates, key=lambda b: -b[1])[:beam_width]
+    alive = [b for b in beams if b[0][-1] != end_id]
+    return (alive or beams)[0][0][1:]
+
+
 def beam_right_stops_when_the_best_has_ended(next_log_probs, beam_width, max_len, start_id, end_id):
     """A correct alternative: stop as soon as the best survivor has ended (scores only fall), scores as
     products of probabilities."""
@@ -1142,6 +1197,7 @@ def test_beam_right_answers():
         (beam_length_normalised, "divided each score by the length"),
         (beam_first_finished, "first sequence that ended"),
         (beam_prefers_finished, "one that has not ended scores higher"),
+        (beam_prefers_unfinished, "but one that has ended scores higher"),
         (beam_without_the_end_symbol, "you left out the end symbol"),
         (beam_keeps_start, "leave the start symbol out"),
         (beam_width_two, "beam_width=2 only"),
