@@ -1106,3 +1106,52 @@ def test_a_float64_output_off_by_little_is_not_blamed_on_float32():
     feedback = check_causal_tile_attention(causal_tile_nudged)
     assert feedback.status == "incorrect", str(feedback)
     assert FLOAT32_NUMBERS not in feedback.message, feedback.message
+
+
+# The sixteenth review's accepted wrong answers: a finite fill computed from the tile's own scores (exercise 2), and a
+# merge that exponentiates against the midpoint of the two maxima (exercise 3) ------------------------------------
+
+def causal_tile_fill_from_tile(query_tile, keys, values, first_query, block_size):
+    """Wrong (the review's 2a): the blocked scores filled with the tile's minimum minus a large margin, finite and
+    below this tile's scores, but not below an earlier tile's when the whole tile is blocked for a query."""
+    Lb, D = query_tile.shape
+    kw = dict(dtype=query_tile.dtype, device=query_tile.device)
+    positions = first_query + torch.arange(Lb, device=query_tile.device)[:, None]
+    m, l, acc = torch.full((Lb, 1), float("-inf"), **kw), torch.zeros(Lb, 1, **kw), torch.zeros(Lb, values.size(1), **kw)
+    starts = [s for s in range(0, keys.size(0), block_size) if s <= first_query + Lb - 1]
+    for k_start in starts:
+        kt, vt = keys[k_start:k_start + block_size], values[k_start:k_start + block_size]
+        s = query_tile @ kt.T / math.sqrt(D)
+        blocked = k_start + torch.arange(kt.size(0), device=query_tile.device)[None, :] > positions
+        low = float(s.min())
+        s = s.masked_fill(blocked, low - 1e6 * abs(low) - 1e6)
+        m_new = torch.maximum(m, s.amax(1, keepdim=True))
+        p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+        l, acc, m = l * c + p.sum(1, keepdim=True), acc * c + p @ vt, m_new
+    return acc / l, len(starts)
+
+
+def merge_against_midpoint(state_a, state_b):
+    """Wrong (the review's 3a): both states rescaled against the midpoint of their maxima, then to the maximum;
+    exp((m_a - m_b) / 2) overflows when the maxima lie more than about 177 apart in float32 (1420 in float64)."""
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    ref = torch.where(torch.isfinite(m_a) & torch.isfinite(m_b), (m_a + m_b) / 2, safe)
+    s_a, s_b = torch.exp(m_a - ref), torch.exp(m_b - ref)
+    corr = torch.exp(ref - safe)
+    l = (l_a * s_a + l_b * s_b) * corr
+    acc = (acc_a * s_a[:, None] + acc_b * s_b[:, None]) * corr[:, None]
+    return m, l, acc
+
+
+@pytest.mark.parametrize(
+    "check, answer, text",
+    [(check_causal_tile_attention, causal_tile_fill_from_tile, "a finite fill computed from the tile's own scores"),
+     (check_merge_states, merge_against_midpoint, "a reference between them (their midpoint")],
+)
+def test_sixteenth_review_wrong_answers_are_explained(check, answer, text):
+    feedback = check(answer)
+    assert feedback.status == "incorrect", str(feedback)
+    assert text in str(feedback), str(feedback)
+    assert "Hint:" in str(feedback)

@@ -16,7 +16,10 @@ scores stored, are named). Exercises 1, 2, 3 and 5 have float64 cases whose scor
 -1e12 and at -1e300, below any finite mask fill or starting maximum tried (-100 to -1e30: the blocked keys
 then take the weight in exercises 2 and 5, and every exponential underflows to 0 in 1 and 3), and ones in which each later key scores about 1e10 or 1e300 more than the one before,
 where a mask that subtracts a fixed amount from the blocked scores lets them through; -inf and the dtype's
-smallest number pass. Half-precision results of exercises 1 and 3 (a float16 or bfloat16 result, a sum equal to
+smallest number pass. Exercise 2 also has a case in which the first two queries see none of the second key tile, whose
+scores lie far above the first tile's (a fill computed from the tile's own scores is named), and exercise 3 one pair
+of states whose maxima lie 3000 apart in float64 and one 300 apart in float32 (a reference between the two maxima,
+such as their midpoint, overflows and is named). Half-precision results of exercises 1 and 3 (a float16 or bfloat16 result, a sum equal to
 the right one with a step rounded through float16 or bfloat16 in 1, an l or acc rounded through float16 or bfloat16
 and back in 3) are named, and so is a maximum shared by all the rows of a tile in exercise 2 (NaN in the rows far
 below it). In exercises 1 and 3, by the course's dtype policy, a float32 result of float64 inputs passes (with
@@ -465,6 +468,10 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         # -inf and torch.finfo(float64).min (-1.8e308) still pass
         ("float64 scores rising by 1e300 from each key to the next", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
         ("float64 scores all equal to -1e300", 3, 12, 4, 3, 4, 4, torch.float64, 1.0),
+        # a finite fill computed from the tile's own scores (its minimum minus a margin) lies below the tile's scores
+        # but not below the earlier tiles': queries 2 and 3 see none of keys 4..7, which score 0, far above the
+        # -1e300 of the keys they see
+        (_FALLING, 4, 8, 4, 3, 2, 4, torch.float64, 1.0),
     ]
     for description, Lb, S, D, Dv, first_query, block_size, dtype, key_scale in cases:
         query_tile = randn(Lb, D, generator=generator, dtype=dtype, scale=key_scale)
@@ -477,6 +484,10 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
         level = ("-20000" if "near -20000" in description else "-1e12" if "-1e12" in description
                  else "-1e300" if "-1e300" in description else None)
         rising = "1e300" if "rising by 1e300" in description else "1e10" if "rising" in description else None
+        falling = description == _FALLING
+        if falling:  # coordinate 0 only: -1000 in every query, 1e297 sqrt(D) in keys 0..3, 0 in keys 4..7: keys 0..3
+            query_tile[:, 1:], query_tile[:, 0] = 0.0, -1000.0  # score exactly -1e300, keys 4..7 exactly 0
+            keys[:, 0], keys[block_size:, 0] = 1e297 * math.sqrt(D), 0.0
         if level == "-20000":  # coordinate 0: -10 in every query, 2000 sqrt(D) in every key: every score near -20000
             query_tile[:, 0], keys[:, 0] = -10.0, 2000.0 * math.sqrt(D)
         if level == "-1e12":  # only coordinate 0 of the queries: every score exactly -1e12, whatever the order of sums
@@ -541,6 +552,9 @@ def check_causal_tile_attention(causal_tile_attention) -> str:
                 raise Mismatch(f"{what}: {_FINITE_FILL.format(level=level)}")
             if rising:
                 raise Mismatch(f"{what}: {_FIXED_PENALTY.format(step=rising)}")
+            if falling and not torch.allclose(got[:2], expected[:2], atol=1e-5, rtol=1e-4) and torch.allclose(
+                    got[2:], expected[2:], atol=1e-5, rtol=1e-4):
+                raise Mismatch(f"{what}: {_TILE_FILL}")
             for options, message in _LOOP_MISTAKES:
                 variant = _tile_loop(query_tile, keys, values, first_query, block_size, **options)
                 if torch.allclose(got, variant, atol=1e-5, rtol=1e-4) and not torch.allclose(variant, expected, atol=1e-5):
@@ -638,6 +652,14 @@ _FINITE_FILL = ("the keys your mask blocks took the weight. Every real score her
                 "fill value: a finite fill such as -100, -1e4, -1e9 or -1e30 blocks a key only while the real "
                 "scores lie far above it, and scores can be any number. Fill the blocked scores with float('-inf'), or "
                 "torch.finfo(scores.dtype).min, which lie below every score")
+_FALLING = ("float64 scores 1e300 lower in the first key tile than in the second (0), which the first two queries "
+            "cannot see at all")  # no "-1e300" in it: that names another case
+_TILE_FILL = ("the first two queries (positions 2 and 3) are wrong: keys 4..7, which they cannot see, took their weight. "
+              "Their whole second tile is blocked, and its keys score 0, far above the -1e300 of the keys they see: a "
+              "finite fill computed from the tile's own scores (its minimum minus a margin, or any value measured "
+              "from this tile) lies below this tile's scores but not below the earlier tiles', so the blocked keys "
+              "outrank the real ones. Scores can be any number: fill the blocked scores with float('-inf'), or "
+              "torch.finfo(scores.dtype).min, which lie below every score")
 _FIXED_PENALTY = ("keys after a query's position took the weight. Here each later key scores about {step} more than the "
                   "one before: a mask that lowers the blocked scores by a fixed amount (subtracting 100, 1e4, 1e9 or "
                   "1e30) leaves a blocked key above the visible ones whenever its score is that much higher, and scores "
@@ -791,6 +813,32 @@ def check_merge_states(merge) -> str:
         exact_output = (a[2] * scale_a[:, None] + b[2] * scale_b[:, None]) / exact_l[:, None]
         expect_close(acc / l[:, None], exact_output, what=f"{what}: the output acc / l", atol=atol, rtol=rtol)
         expect_close(m + torch.log(l), reference + torch.log(exact_l), what=f"{what}: m + log(l)", atol=atol, rtol=rtol)
+    # States whose maxima lie far apart in their own dtype: 3000 in float64, 300 in float32. A reference between
+    # the two maxima (their midpoint) overflows here, exp(1500) or exp(150); only the larger maximum keeps every
+    # exponent at most 0. Row 0: state_b far below, row 1: state_a far below, row 2: the two close together.
+    for dtype, gap in ((torch.float64, 3000.0), (torch.float32, 300.0)):
+        far = torch.randn(3, 6, generator=generator, dtype=torch.float64)  # (3, 6): 3 queries, 6 keys
+        far[0, 3:] -= gap
+        far[1, :3] -= gap
+        far = far.to(dtype).double()  # the scores the dtype holds
+        a = tuple(x.to(dtype) for x in _state(far[:, :3], values[:3]))
+        b = tuple(x.to(dtype) for x in _state(far[:, 3:], values[3:6]))
+        name = str(dtype).replace("torch.", "")
+        what = (f"merge(state_a, state_b) with {name} states whose maxima lie about {gap:.0f} apart (rows 0 and 1), "
+                "keys 0..2 in state_a and 3..5 in state_b")
+        m, l, acc = _merged(merge, a, b, what, 3, Dv)
+        if not (bool(torch.isfinite(l).all()) and bool(torch.isfinite(acc).all())):
+            raise Mismatch(f"{what}: your l or acc holds NaN or inf in row(s) "
+                           f"{(~(torch.isfinite(l) & torch.isfinite(acc).all(-1))).nonzero().flatten().tolist()}. "
+                           f"There the two maxima lie about {gap:.0f} apart: exponentiating against a reference "
+                           f"between them (their midpoint, their mean) needs exp of about {gap / 2:.0f}, beyond "
+                           f"{name}'s range (exp(88.7) in float32, exp(709) in float64). Exponentiate only differences "
+                           "at most 0: rescale each state by exp(its maximum - m), with m the larger of the two maxima")
+        _expect_the_maximum(m, torch.maximum(a[0], b[0]).double(), what)
+        single = dtype == torch.float32 or getattr(acc, "_from_float32", False)
+        atol, rtol = tolerance(torch.float32, torch.float64) if single else (None, None)
+        expect_close(acc / l[:, None], torch.softmax(far, dim=-1) @ values[:6].to(dtype).double(),
+                     what=f"{what}: the output acc / l", atol=atol, rtol=rtol)
     # Flash-Decoding merges several parts: the merged state must merge again, in either order.
     first, middle, last = (_state(scores[:, start:end], values[start:end]) for start, end in ((0, 3), (3, 7), (7, S)))
     merged_ab = _merged(merge, first, middle, "merge(state_a, state_b) with keys 0..2 in state_a and 3..6 in state_b", R, Dv)
