@@ -439,16 +439,19 @@ def sample_clamps_the_temperature_at_a_thousandth(logits, temperature, generator
     return torch.multinomial(torch.softmax(logits / t, dim=-1), 1, generator=generator).squeeze(1)
 
 
-def sample_right_tiny_temperature_clamp(logits, temperature, generator):
-    """A clamp as small as 1e-8 picks the argmax wherever logits differ by 1e-6 or more (the check's closest tie):
-    accepted."""
-    t = max(temperature, 1e-8)
-    return torch.multinomial(torch.softmax(logits / t, dim=-1), 1, generator=generator).squeeze(1)
+def sample_right_last_of_tied_ids(logits, temperature, generator):
+    """A correct alternative: at temperature 0 the last of the tied largest ids (the statement does not say which):
+    every copy of a row gets the same one."""
+    if temperature == 0:
+        return logits.size(-1) - 1 - logits.flip(-1).argmax(dim=-1)
+    return sample_right(logits, temperature, generator)
 
 
 def sample_clamps_the_temperature_at(clamp):
     """The tenth review's accepted answers: max(temperature, 1e-4) and 1e-5 (the check's closest ties were 0.001
-    apart); 1e-6 is named too, a sample at a small temperature as the statement says."""
+    apart); 1e-6 is named too, a sample at a small temperature as the statement says. The fourteenth review's
+    accepted answers, 1e-8 and 1e-9 (and 1e-30), pick the argmax wherever logits differ by 1e-6 or more: the exact
+    ties name them."""
     def sample(logits, temperature, generator):
         t = max(temperature, clamp)
         return torch.multinomial(torch.softmax(logits / t, dim=-1), 1, generator=generator).squeeze(1)
@@ -776,7 +779,7 @@ def test_sample_right():
     for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature,
                    sample_right_inverse_cdf, sample_right_powers, sample_right_powers_float32,
                    sample_right_copied_out_and_back,
-                   sample_right_tiny_temperature_clamp, sample_right_gumbel_float32, sample_right_int32):
+                   sample_right_last_of_tied_ids, sample_right_gumbel_float32, sample_right_int32):
         feedback = check_sample_next(answer)
         assert feedback.status == "correct", str(feedback)
 
@@ -822,6 +825,9 @@ def test_sample_crash_and_scaffold():
         (sample_clamps_the_temperature_at(1e-5), "(rows 1e-5, 1e-6 apart)"),
         (sample_clamps_the_temperature_at(1e-6), "(rows 1e-6 apart)"),
         (sample_clamps_the_temperature_at(3e-7), "is still a sample at a small temperature"),
+        (sample_clamps_the_temperature_at(1e-8), "this is sampling at temperature 0, a clamp of the temperature"),
+        (sample_clamps_the_temperature_at(1e-9), "this is sampling at temperature 0, a clamp of the temperature"),
+        (sample_clamps_the_temperature_at(1e-30), "this is sampling at temperature 0, a clamp of the temperature"),
         (sample_greedy_below_a_half, "Only temperature 0 is greedy"),
         (sample_greedy_below_a_fifth, "Only temperature 0 is greedy"),
         (sample_greedy_below_a_tenth, "temperature=0.05): every row got its largest logit"),

@@ -16,9 +16,11 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   another name, cannot be told apart from letters typed out.
 - Exercise 2 samples one row too (``.squeeze()`` would drop the batch axis) and passes logits that
   are a tensor of their own, so that a division in place is named as such. At temperature 0 it tries rows whose
-  two largest logits are 1e-3 down to 1e-6 apart (a clamp of the temperature from 1e-6 up is named; one of 1e-8
-  picks the argmax and passes), and it samples at temperatures 0.1, 0.05, 0.02, 0.005 and 0.001 (greedy below a threshold
-  is named).
+  two largest logits are 1e-3 down to 1e-6 apart (a clamp of the temperature from 1e-6 up is named), then rows
+  whose largest logits are exactly tied, each repeated 2,000 times: every copy of a row must get the same one of its
+  largest ids (argmax picks the first; any one tied id is accepted), so that a clamp of the temperature however
+  small (1e-9, 1e-30), a sample between the tied ids, is named. It samples at temperatures 0.1, 0.05, 0.02, 0.005
+  and 0.001 (greedy below a threshold is named).
 - Exercise 3 has a table whose best survivor at ``max_len`` has not ended and one whose best survivor there has
   ended (each preference named), and names a search that stops early
   (an unfinished result shorter than ``max_len``).
@@ -503,7 +505,8 @@ def check_sample_next(sample_next) -> str:
            "give the runner-up a sizeable chance there")
     # Closer ties still, 1e-4, 1e-5 and 1e-6 apart (near 0, where float32 holds such gaps exactly): a clamp of the
     # temperature anywhere from 1e-6 up gives the runner-up a share of these rows (about 27% where the gap equals the
-    # clamp), while a clamp as small as 1e-8 is 100 times below the closest gap and picks the argmax.
+    # clamp), while a clamp as small as 1e-8 is 100 times below the closest gap and picks the argmax here: the exact
+    # ties after this name it.
     close = torch.tensor([[0.0, -gap, -1.0, -2.0] for gap in (1e-4, 1e-5, 1e-6)]
                          + [[-gap, 0.0, -2.0, -1.0] for gap in (1e-4, 1e-5, 1e-6)]).repeat(2000, 1)  # (12000, 4)
     what = ("sample_next(logits of shape (12000, 4) whose two largest logits are 1e-4, 1e-5 or 1e-6 apart, "
@@ -517,6 +520,37 @@ def check_sample_next(sample_next) -> str:
                        f"{', '.join(gaps)} apart). At temperature 0 take the argmax of each "
                        "row; a clamp of the temperature, max(temperature, 1e-4), 1e-5 or 1e-6, is still a sample at a "
                        "small temperature, and logits that close give the runner-up a sizeable chance there")
+    # Exact ties: rows whose largest logits are equal (two, three or four of them, at every place), each row repeated
+    # 2,000 times. The argmax is deterministic: torch.argmax and numpy's argmax pick the first of the tied ids, the same
+    # for every copy of a row (the statement does not say which tied id, so any one of them is accepted, as long as
+    # every copy gets the same). A sample at temperature 0, whatever the clamp of the temperature (max(temperature,
+    # 1e-9), 1e-30: exactly tied logits have no gap for the clamp to be small against), splits each row's copies
+    # between its tied ids about evenly.
+    patterns = [[0.0, 0.0, -1.0, -2.0], [-1.0, 3.0, 3.0, -2.0], [2.0, -1.0, 2.0, 2.0], [5.0, 5.0, 5.0, 5.0],
+                [-2.0, 1.0, -3.0, 1.0]]
+    exact = torch.tensor(patterns).repeat(2000, 1)  # (10000, 4): row r is pattern r % 5
+    what = ("sample_next(logits of shape (10000, 4): 5 rows whose largest logits are exactly tied, each repeated "
+            "2,000 times, temperature=0)")
+    got = expect_tensor(call(sample_next, exact, 0.0, torch.Generator().manual_seed(0)), what=what, shape=(10000,),
+                        dtype="integer", device=exact)
+    got = got.long().cpu()
+    largest = exact == exact.max(dim=-1, keepdim=True).values
+    if bool((got < 0).any() or (got >= 4).any()):
+        raise Mismatch(f"{what}: got ids outside 0 to 3: {sorted(set(got.tolist()))[:8]}")
+    not_largest = ~largest.gather(-1, got[:, None])[:, 0]
+    expect(not bool(not_largest.any()),
+           f"{what}: {int(not_largest.sum()):,} of 10,000 rows got an id whose logit is not the row's largest. At "
+           "temperature 0 take the argmax of each row")
+    by_pattern = got.view(2000, len(patterns))  # column k holds the 2,000 copies of pattern k
+    split = [k for k in range(len(patterns)) if bool((by_pattern[:, k] != by_pattern[0, k]).any())]
+    if split:
+        raise Mismatch(f"{what}: copies of one row got different ids among its tied largest logits (in {len(split)} of "
+                       f"the {len(patterns)} rows, e.g. the copies of {patterns[split[0]]} got ids "
+                       f"{sorted(set(by_pattern[:, split[0]].tolist()))}): this is sampling at temperature 0, a clamp "
+                       "of the temperature (max(temperature, 1e-9), say). However small the clamp, it is still a "
+                       "sample at a small temperature, and between exactly tied logits it draws at random. At "
+                       "temperature 0 take the argmax of each row: it gives every copy of a row the same id (the "
+                       "first of the tied ones)")
 
     # One row, sampled: the batch axis must survive (translate appends next_id[:, None] to each sentence).
     one = randn(1, 6, generator=generator)
