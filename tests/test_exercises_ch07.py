@@ -1186,6 +1186,29 @@ def beam_right_finished_set_aside(next_log_probs, beam_width, max_len, start_id,
     return max(done + alive, key=lambda b: b[1])[0][1:]
 
 
+def _beam_scored(mode):
+    """A beam search whose scores are kept in float16 (mode 'half') or as products of probabilities in float32
+    (mode 'product'): the fifteenth review's accepted answers, right on short tables."""
+    def beam(next_log_probs, beam_width, max_len, start_id, end_id):
+        dtype = torch.float16 if mode == "half" else torch.float32
+        beams = [([start_id], torch.tensor(1.0 if mode == "product" else 0.0, dtype=dtype))]
+        for _ in range(max_len):
+            alive = [b for b in beams if b[0][-1] != end_id]
+            if not alive:
+                break
+            candidates = [b for b in beams if b[0][-1] == end_id]
+            log_probs = next_log_probs(torch.tensor([ids for ids, _ in alive]))  # (N, V)
+            for (ids, score), row in zip(alive, log_probs):
+                for token in range(row.numel()):
+                    if token != start_id:
+                        new = score * row[token].exp() if mode == "product" else score + row[token].half()
+                        candidates.append((ids + [token], new))
+            candidates.sort(key=lambda b: -float(b[1]))
+            beams = candidates[:beam_width]
+        return beams[0][0][1:]
+    return beam
+
+
 def test_beam_right_answers():
     for answer in (beam_right, beam_right_with_tensors, lambda *a: (beam_right(*a), 0.0),
                    beam_right_stops_when_the_best_has_ended, beam_right_finished_set_aside,
@@ -1210,6 +1233,8 @@ def test_beam_right_answers():
         (beam_package, "you called"),
         (beam_greedy_after_the_first_step, "beam search does not promise the most probable sequence"),
         (beam_stops_one_step_early, "your search stopped early"),
+        (_beam_scored("half"), "scores kept in float16"),
+        (_beam_scored("product"), "probabilities multiplied"),
         (beam_scores_without_device, "mixed a tensor made without device="),
         (beam_scores_converted_to_the_dtype, "mixed a tensor made without device="),
         (beam_scores_converted_to_float64, "mixed a tensor made without device="),

@@ -23,7 +23,8 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   and 0.001 (greedy below a threshold is named).
 - Exercise 3 has a table whose best survivor at ``max_len`` has not ended and one whose best survivor there has
   ended (each preference named), and names a search that stops early
-  (an unfinished result shorter than ``max_len``).
+  (an unfinished result shorter than ``max_len``). A long case (200 ids, finalists 28 tokens long, totals near -110
+  and 0.01 apart) names scores summed in float16 and probabilities multiplied instead of log-probabilities added.
 - Exercise 4 forbids the layer's own wiring by every route (``DecoderLayer.forward`` and
   ``apply_sublayers``, ``Transformer``, PyTorch's decoder layers and ``nn.MultiheadAttention``),
   asks for the inputs' exact dtype (a float64 case too, as its statement says) and names a causal mask in
@@ -819,6 +820,25 @@ def _beam_cases():
     for seed, (V, width, max_len) in enumerate(((6, 2, 6), (5, 3, 7), (8, 4, 6), (7, 3, 5), (9, 2, 8)), start=10):
         start, end = (0, V - 1) if seed % 2 else (1, 2)  # the special ids are not always 1 and 2
         yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
+    yield _LONG_CASE, _ToyModel(200, S, E, _long_table(), 7), 2, 29
+
+
+_LONG_CASE = "a long case (200 ids, 28 tokens before the end)"
+
+
+def _long_table() -> dict:
+    """Two finalists 28 tokens long whose totals lie near -109.64, 0.01 apart: A A ... A (each token 0.02) and
+    B B ... B (0.0256 and 0.0004 / 0.0256 in turn, the same product per pair), B's end 1% more likely. The other
+    198 ids share the rest (about 0.005 each), so both stay in a beam of 2 at every step. Summed in float32 or
+    float64, B wins by 0.01; summed in float16 (spacing 0.0625 near 110), A comes out ahead by 0.0625; multiplied as
+    probabilities, both are about 1e-48, which is 0 in float32."""
+    A, B, E = 3, 4, 2
+    table = {(): {A: 0.02, B: 0.0256}}
+    for k in range(1, 28):
+        table[(A,) * k] = {A: 0.02}
+        table[(B,) * k] = {B: 0.0004 / 0.0256 if k % 2 else 0.0256}
+    table[(A,) * 28], table[(B,) * 28] = {E: 0.9}, {E: 0.909}
+    return table
 
 
 def _beam_search_watched(beam_search_fn) -> None:
@@ -895,6 +915,11 @@ def check_beam_search(beam_search_fn) -> str:
         return ("your beam search finds what the reference finds, on traps for greedy decoding, on sequences that end "
                 "early or late, and on random tables: beam_width=1 is greedy decoding, a wider beam looks further.")
     what, model, width, max_len, got, expected = wrong[0]
+    if all(_LONG_CASE in r[0] for r in wrong):  # right everywhere but where the totals lie near -110, 0.01 apart
+        raise Mismatch(f"{what}: expected {expected}, got {got}. The two best sequences here are 28 tokens long, with "
+                       "total log-probabilities near -109.64 only 0.01 apart: scores kept in float16 (whose spacing "
+                       "near 110 is 0.0625) or probabilities multiplied (about 1e-48, which is 0 in float32) cannot "
+                       "tell them apart. Add the log-probabilities as they come (float32), or in float64")
     if all(r[4] == [r[1].start_id] + r[5] for r in results):
         raise Mismatch(f"{what}: leave the start symbol out of the result; return the ids after it")
     if all(r[4] == [t for t in r[5] if t != r[1].end_id] for r in results):
