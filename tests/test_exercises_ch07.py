@@ -532,6 +532,14 @@ def sample_smooths_the_probabilities(logits, temperature, generator):
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
 
 
+def sample_softmax_in_half(logits, temperature, generator):
+    """The sixteenth review's accepted answer: logits / temperature cast to float16 before the softmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probabilities = torch.softmax((logits / temperature).half().float(), dim=-1)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+
+
 def sample_right_gumbel_float32(logits, temperature, generator):
     """A correct alternative: Gumbel-max in the logits' dtype, the noise drawn with the generator on their device."""
     if temperature == 0:
@@ -834,6 +842,7 @@ def test_sample_crash_and_scaffold():
         (sample_greedy_below_a_twentieth, "temperature=0.02): every row got its largest logit"),
         (sample_greedy_below_0_019, "temperature=0.005): every row got its largest logit"),
         (sample_greedy_below_0_002, "temperature=0.001): every row got its largest logit"),
+        (sample_softmax_in_half, "float16 (or bfloat16) cannot tell 5000 from 5000.5"),
         (sample_clamps_the_logits, "clamping the logits against overflow"),
         (sample_patches_the_overflow, "torch.nan_to_num"),
         (sample_floors_the_probabilities, "A floor on the probabilities"),

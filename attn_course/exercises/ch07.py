@@ -20,7 +20,8 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   whose largest logits are exactly tied, each repeated 2,000 times: every copy of a row must get the same one of its
   largest ids (argmax picks the first; any one tied id is accepted), so that a clamp of the temperature however
   small (1e-9, 1e-30), a sample between the tied ids, is named. It samples at temperatures 0.1, 0.05, 0.02, 0.005
-  and 0.001 (greedy below a threshold is named).
+  and 0.001 (greedy below a threshold is named), and at 0.01 on float32 logits near 50 (a softmax in half
+  precision, which cannot tell 5000 from 5000.5, is named).
 - Exercise 3 has a table whose best survivor at ``max_len`` has not ended and one whose best survivor there has
   ended (each preference named), and names a search that stops early
   (an unfinished result shorter than ``max_len``). A long case (200 ids, finalists 28 tokens long, totals near -110
@@ -701,6 +702,22 @@ def check_sample_next(sample_next) -> str:
                                "generator you were given), or move the ids back with .to(logits.device)")
             got = expect_on_device(got, device, what, dtype="integer")
             expect_tensor(got, what=what, shape=(1000,), dtype="integer")
+    # Logits that share a large offset, at temperature 0.01 in float32: logits / temperature lie near 5000, where
+    # float16's spacing is 4, so a softmax taken in half precision makes the two ids equally likely (0.5 each)
+    # instead of 0.378 and 0.622. The powers form stays right here: softmax(z), about 0.5 each, to the 100th power is
+    # about 1e-30, a normal float32.
+    offset = torch.tensor([[50.0, 50.005]]).repeat(20000, 1)  # (20000, 2): one row, 20,000 times
+    what = "sample_next(logits of shape (20000, 2) near 50 and 0.005 apart, in float32, temperature=0.01)"
+    got = expect_tensor(call(sample_next, offset, 0.01, torch.Generator().manual_seed(9)), what=what,
+                        shape=(20000,), dtype="integer", device=offset)
+    want = torch.softmax(offset[0].double() / 0.01, dim=-1)  # about 0.378, 0.622
+    have = _frequencies(got, 2)
+    if abs(float(have[1]) - 0.5) < 0.02 < abs(float(want[1]) - 0.5):
+        raise Mismatch(f"{what}: ids 0 and 1 came up about equally often ({float(have[0]):.3f} and {float(have[1]):.3f}), "
+                       f"where id 1 should come up {float(want[1]):.3f} of the time: logits / temperature lie near "
+                       "5000 here, where float16 (or bfloat16) cannot tell 5000 from 5000.5. Keep the logits' own "
+                       "dtype for the division and the softmax")
+    _expect_every_count(got, want, what)
     return "greedy at temperature 0, and samples that follow softmax(logits / temperature) row by row, reproducibly."
 
 
