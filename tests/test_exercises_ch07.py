@@ -458,45 +458,14 @@ def sample_clamps_the_temperature_at(clamp):
     return sample
 
 
-def sample_greedy_below_a_half(logits, temperature, generator):
-    """The tenth review's accepted answer: greedy below a threshold temperature (the check sampled at 0.5 and up)."""
-    if temperature < 0.5:
-        return logits.argmax(dim=-1)
-    return sample_right(logits, temperature, generator)
-
-
-def sample_greedy_below_a_fifth(logits, temperature, generator):
-    if temperature < 0.2:
-        return logits.argmax(dim=-1)
-    return sample_right(logits, temperature, generator)
-
-
-def sample_greedy_below_a_twentieth(logits, temperature, generator):
-    """The eleventh review's accepted answer: greedy below 0.05 (the check sampled at 0.1 only)."""
-    if temperature < 0.05:
-        return logits.argmax(dim=-1)
-    return sample_right(logits, temperature, generator)
-
-
-def sample_greedy_below_a_tenth(logits, temperature, generator):
-    """The same, greedy below 0.095 (just under the 0.1 the check sampled at)."""
-    if temperature < 0.095:
-        return logits.argmax(dim=-1)
-    return sample_right(logits, temperature, generator)
-
-
-def sample_greedy_below_0_019(logits, temperature, generator):
-    """The thirteenth review's accepted answer: greedy below 0.019 (the check's smallest sampled temperature was 0.02)."""
-    if temperature < 0.019:
-        return logits.argmax(dim=-1)
-    return sample_right(logits, temperature, generator)
-
-
-def sample_greedy_below_0_002(logits, temperature, generator):
-    """The same, greedy below 0.002 (between the check's two smallest temperatures, 0.005 and 0.001)."""
-    if temperature < 0.002:
-        return logits.argmax(dim=-1)
-    return sample_right(logits, temperature, generator)
+def sample_greedy_below(threshold):
+    """The accepted answers of the tenth to thirteenth reviews: greedy below a threshold temperature, each just
+    under the smallest temperature the check sampled at then (0.5, 0.1, 0.02, 0.005 ...)."""
+    def sample(logits, temperature, generator):
+        if temperature < threshold:
+            return logits.argmax(dim=-1)
+        return sample_right(logits, temperature, generator)
+    return sample
 
 
 def sample_clamps_the_logits(logits, temperature, generator):
@@ -836,12 +805,12 @@ def test_sample_crash_and_scaffold():
         (sample_clamps_the_temperature_at(1e-8), "this is sampling at temperature 0, a clamp of the temperature"),
         (sample_clamps_the_temperature_at(1e-9), "this is sampling at temperature 0, a clamp of the temperature"),
         (sample_clamps_the_temperature_at(1e-30), "this is sampling at temperature 0, a clamp of the temperature"),
-        (sample_greedy_below_a_half, "Only temperature 0 is greedy"),
-        (sample_greedy_below_a_fifth, "Only temperature 0 is greedy"),
-        (sample_greedy_below_a_tenth, "temperature=0.05): every row got its largest logit"),
-        (sample_greedy_below_a_twentieth, "temperature=0.02): every row got its largest logit"),
-        (sample_greedy_below_0_019, "temperature=0.005): every row got its largest logit"),
-        (sample_greedy_below_0_002, "temperature=0.001): every row got its largest logit"),
+        (sample_greedy_below(0.5), "Only temperature 0 is greedy"),
+        (sample_greedy_below(0.2), "Only temperature 0 is greedy"),
+        (sample_greedy_below(0.095), "temperature=0.05): every row got its largest logit"),
+        (sample_greedy_below(0.05), "temperature=0.02): every row got its largest logit"),
+        (sample_greedy_below(0.019), "temperature=0.005): every row got its largest logit"),
+        (sample_greedy_below(0.002), "temperature=0.001): every row got its largest logit"),
         (sample_softmax_in_half, "float16 (or bfloat16) cannot tell 5000 from 5000.5"),
         (sample_clamps_the_logits, "clamping the logits against overflow"),
         (sample_patches_the_overflow, "torch.nan_to_num"),
