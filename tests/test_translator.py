@@ -156,7 +156,8 @@ def test_train_smoke(tiny):
     model, history, pairs = tiny
     assert isinstance(model, tr.Translator) and not model.training
     steps = 3 * (400 // 16)
-    assert len(history["loss"]) == len(history["learning_rate"]) == steps
+    assert len(history["loss"]) == len(history["learning_rate"]) == len(history["grad_norm"]) == steps
+    assert all(norm > 0 for norm in history["grad_norm"])  # the norm before clipping, one per step
     first, last = sum(history["loss"][:5]) / 5, sum(history["loss"][-5:]) / 5
     assert last < 0.6 * first
     assert history["seconds"] > 0 and history["sentences_per_second"] > 0
@@ -363,8 +364,17 @@ def test_train_is_train_step_in_a_loop():
     src = fresh.encode_sources([e for e, _ in pairs])
     tgt = tr.pad_sequences([fresh.target_vocab.encode(f, add_start=True, add_end=True) for _, f in pairs])
     optimizer = torch.optim.AdamW(fresh.parameters(), lr=1.0, betas=(0.9, 0.98), weight_decay=0.01)
-    loss = tr.train_step(fresh, optimizer, src, tgt)  # one batch of all 48: the same mean as train()'s first step
-    torch.testing.assert_close(loss, torch.tensor(history["loss"][0]), atol=1e-5, rtol=1e-5)
+    before = [p.detach().clone() for p in fresh.parameters()]
+    # one batch of all 48; the norm before clipping does not depend on where the clipping is
+    loss, grad_norm = tr.train_step(fresh, optimizer, src, tgt, grad_clip=0.5, return_grad_norm=True)
+    torch.testing.assert_close(loss, torch.tensor(history["loss"][0]), atol=1e-5, rtol=1e-5)  # train()'s first step
+    torch.testing.assert_close(grad_norm, torch.tensor(history["grad_norm"][0]), atol=1e-5, rtol=1e-5)
+    # grad_norm is the norm before clipping: the gradients left in the parameters were scaled down to 0.5
+    left = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in fresh.parameters()]))
+    assert grad_norm > 0.5 and left == pytest.approx(0.5, rel=1e-4)
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, fresh.parameters()))
+    with pytest.raises(TypeError, match="return_grad_norm"):
+        tr.train_step(fresh, optimizer, src, tgt, return_grad_norm=1)
 
 
 def test_bad_input_gets_a_clear_error(tiny):

@@ -26,6 +26,30 @@ def test_words_of_skips_special_symbols_and_points_into_the_symbols():
         tr.words_of("le chat")
 
 
+@pytest.mark.parametrize("expected, got, index, place", [
+    ("le chat voit un chien", "la chat voit un chien", 1, "an article's second letter"),
+    ("la bonne orange", "l'orange", 1, "an article's second letter"),  # the elision
+    ("l'orange verte", "la fille verte", 1, "an article's second letter"),  # the elision missed
+    ("une fille rapide prend un oiseau", "une fille rapide aime un oiseau", 17, "a word's first letter"),
+    ("le chat", "un chat", 0, "a word's first letter"),
+    ("le chien bleu", "le chien", 8, "a word's end"),  # stopped where a space should follow
+    ("le chien", "le chiens", 8, "a word's end"),  # ran on past the last word
+    ("un arbre heureux", "un arbre heureuse", 15, "inside a word"),
+    ("une femme bleue", "une femme ble", 13, "inside a word"),  # cut short inside the word
+    ("une pomme mange", "une pomme mmege", 11, "inside a word"),  # a verb's second letter is not an article's
+])
+def test_first_wrong_character_names_where_a_mistake_begins(expected, got, index, place):
+    assert tr.first_wrong_character(expected, got) == (index, place)
+    assert place in tr.MISTAKE_PLACES
+
+
+def test_first_wrong_character_rejects_a_right_answer_and_non_strings():
+    with pytest.raises(ValueError, match="same sentence"):
+        tr.first_wrong_character("le chat", "le chat")
+    with pytest.raises(TypeError, match="got must be a string.*list"):
+        tr.first_wrong_character("le chat", list("le chien"))
+
+
 def test_word_attention_sums_each_source_word_at_each_first_letter():
     target = list("un ab") + ["</s>"]  # words "un" (rows 0..1) and "ab" (rows 3..4)
     source = list("a bc")  # words "a" (column 0) and "bc" (columns 2..3)

@@ -10,7 +10,8 @@ The chapter's sections, one module each (every public name is importable from he
     decoding.py     sections 5-6  translate (greedy or sampled, with attention maps), evaluate,
                                   beam_search, beam_translate and sequence_log_probs (exercise 3)
     analysis.py     sections 6-7  reading the attention maps: word_attention, alignment_scores,
-                                  reordering_scores, entropy_share, word_start_entropy, attention_grid
+                                  reordering_scores, entropy_share, word_start_entropy, attention_grid,
+                                  first_wrong_character (where a mistake begins)
     checkpoints.py  save_checkpoint, load_checkpoint
     cli.py          the command line (``python -m attn_course.translator``)
 
@@ -27,8 +28,9 @@ Command line (``python -m attn_course.translator --help``)::
 
 from __future__ import annotations
 
-from .analysis import (alignment_scores, attention_grid, entropy_share, reordering_scores, visible_spaces,
-                       word_attention, word_dictionary, word_start_entropy, word_ticks, words_of)
+from .analysis import (MISTAKE_PLACES, alignment_scores, attention_grid, entropy_share, first_wrong_character,
+                       reordering_scores, visible_spaces, word_attention, word_dictionary, word_start_entropy,
+                       word_ticks, words_of)
 from .checkpoints import load_checkpoint, save_checkpoint
 from .cli import main
 from .decoding import beam_search, beam_translate, evaluate, next_char_log_probs, sequence_log_probs, translate
@@ -84,6 +86,8 @@ __all__ = [
     "word_ticks",
     "visible_spaces",
     "attention_grid",
+    "first_wrong_character",
+    "MISTAKE_PLACES",
     "held_out_pairs",
     "save_checkpoint",
     "load_checkpoint",

@@ -17,7 +17,9 @@ and wrote ``target[t]``.
   French puts after it (the noun's step on the noun, the adjective's on the adjective);
 - :func:`entropy_share` measures how even a head's rows are (1 = a plain average);
   :func:`word_start_entropy` splits that between the steps that start a word and the others;
-- :func:`word_ticks`, :func:`visible_spaces` and :func:`attention_grid` draw the maps legibly.
+- :func:`word_ticks`, :func:`visible_spaces` and :func:`attention_grid` draw the maps legibly;
+- :func:`first_wrong_character` finds where a wrong translation first leaves the right one, and what
+  kind of place that is (a word's first letter, an article's second letter, a word's end, inside a word).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from .language import DEFAULT_LEXICON, Lexicon
 from .vocab import CharVocab
 
 __all__ = ["words_of", "word_attention", "word_dictionary", "alignment_scores", "reordering_scores", "entropy_share",
-           "word_start_entropy", "word_ticks", "visible_spaces", "attention_grid"]
+           "word_start_entropy", "word_ticks", "visible_spaces", "attention_grid", "first_wrong_character",
+           "MISTAKE_PLACES"]
 
 
 def _symbols(name: str, symbols) -> list[str]:
@@ -57,6 +60,43 @@ def words_of(symbols: Sequence[str]) -> list[tuple[str, int, int]]:
             spans.append(("".join(symbols[first:i]), first, i))
             first = None
     return spans
+
+
+MISTAKE_PLACES = ("a word's first letter", "an article's second letter", "a word's end", "inside a word")
+_FRENCH_ARTICLES = ("le", "la", "un", "une")
+
+
+def first_wrong_character(expected: str, got: str) -> tuple[int, str]:
+    """Where a translation first differs from the right one, and what kind of place that is.
+
+    The index is that of the first character where ``got`` leaves ``expected`` (the length of the
+    shorter string if one is a prefix of the other: there one stopped and the other went on). The
+    place is one of :data:`MISTAKE_PLACES`, read in ``expected``:
+
+    - ``"a word's first letter"``: where the decoder chooses the next word;
+    - ``"an article's second letter"``: where *le*, *la* and the elided *l'* part (or *un*/*une*'s *n*);
+    - ``"a word's end"``: ``expected`` has a space or its end there (a word was cut short or ran on);
+    - ``"inside a word"``: anywhere else.
+
+    ``first_wrong_character("le chien bleu", "le chien")`` is ``(8, "a word's end")``;
+    ``first_wrong_character("la bonne orange", "l'orange")`` is ``(1, "an article's second letter")``.
+    """
+    for name, text in (("expected", expected), ("got", got)):
+        if not isinstance(text, str):
+            raise TypeError(f"{name} must be a string (a French sentence), got {describe(text)}")
+    if expected == got:
+        raise ValueError(f"expected and got are the same sentence ({expected!r}): there is no wrong character")
+    i = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    if i == len(expected) or expected[i] == " ":
+        return i, MISTAKE_PLACES[2]
+    start = expected.rfind(" ", 0, i) + 1  # the first letter of the word of ``expected`` that holds index i
+    end = expected.find(" ", i)
+    word = expected[start: len(expected) if end < 0 else end]
+    if i == start:
+        return i, MISTAKE_PLACES[0]
+    if i == start + 1 and (word in _FRENCH_ARTICLES or word.startswith("l'")):
+        return i, MISTAKE_PLACES[1]
+    return i, MISTAKE_PLACES[3]
 
 
 def word_attention(weights: torch.Tensor, target: Sequence[str], source: Sequence[str]):

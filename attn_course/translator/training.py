@@ -90,7 +90,7 @@ def _length_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random)
 
 
 def train_step(model: Translator, optimizer: torch.optim.Optimizer, src: torch.Tensor, tgt: torch.Tensor, *,
-               grad_clip: float = 1.0, label_smoothing: float = 0.0) -> torch.Tensor:
+               grad_clip: float = 1.0, label_smoothing: float = 0.0, return_grad_norm: bool = False):
     """One step of teacher forcing: the loss of a batch, its gradients, one optimizer update.
 
     The decoder reads ``tgt[:, :-1]`` (start symbol first) and is scored on ``tgt[:, 1:]``, the same
@@ -104,21 +104,25 @@ def train_step(model: Translator, optimizer: torch.optim.Optimizer, src: torch.T
         tgt: target ids with the start and end symbols, padded.
         grad_clip: largest gradient norm.
         label_smoothing: as ``F.cross_entropy``.
+        return_grad_norm: also return the gradient norm before clipping (clipping acted if it
+            exceeds ``grad_clip``).
 
     Returns:
-        The batch's mean loss before the update (a detached scalar tensor).
+        The batch's mean loss before the update (a detached scalar tensor); with
+        ``return_grad_norm=True``, ``(loss, grad_norm)``.
 
     Shape:
         src ``(B, S)``, tgt ``(B, T + 1)`` -> a scalar
     """
+    check_bool("return_grad_norm", return_grad_norm)
     logits, _ = model(src, tgt[:, :-1])  # input: start + text; (B, T, V)
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt[:, 1:].reshape(-1),  # (B * T, V) vs (B * T,)
                            ignore_index=CharVocab.pad_id, label_smoothing=label_smoothing)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # the norm before clipping
     optimizer.step()
-    return loss.detach()
+    return (loss.detach(), grad_norm.detach()) if return_grad_norm else loss.detach()
 
 
 def train(
@@ -146,7 +150,8 @@ def train(
 
     Returns:
         ``(model, history)``: the trained model (in eval mode) and a dict of lists ``"step"``,
-        ``"epoch"``, ``"loss"``, ``"learning_rate"`` (one entry per step) and the total
+        ``"epoch"``, ``"loss"``, ``"learning_rate"``, ``"grad_norm"`` (the gradient norm before clipping:
+        clipping acted at the steps where it exceeds ``grad_clip``; one entry per step each) and the total
         ``"seconds"`` and ``"sentences_per_second"``.
     """
     _check_pairs(pairs)
@@ -184,7 +189,7 @@ def train(
         return 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / max(1, total_steps - warmup_steps)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    history = {"step": [], "epoch": [], "loss": [], "learning_rate": []}
+    history = {"step": [], "epoch": [], "loss": [], "learning_rate": [], "grad_norm": []}
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -196,8 +201,9 @@ def train(
         for batch in _length_buckets([len(r) for r in target_rows], settings.batch_size, rng):
             src = pad_sequences([source_rows[i] for i in batch], CharVocab.pad_id, device)  # (B, S)
             tgt = pad_sequences([target_rows[i] for i in batch], CharVocab.pad_id, device)  # (B, T + 1)
-            loss_value = train_step(model, optimizer, src, tgt, grad_clip=settings.grad_clip,
-                                    label_smoothing=settings.label_smoothing).item()
+            loss, grad_norm = train_step(model, optimizer, src, tgt, grad_clip=settings.grad_clip,
+                                         label_smoothing=settings.label_smoothing, return_grad_norm=True)
+            loss_value = loss.item()
             scheduler.step()
 
             sentences_seen += len(batch)
@@ -205,6 +211,7 @@ def train(
             history["epoch"].append(epoch)
             history["loss"].append(loss_value)
             history["learning_rate"].append(optimizer.param_groups[0]["lr"])
+            history["grad_norm"].append(grad_norm.item())
             if bar is not None:
                 smooth_loss = loss_value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss_value
                 speed = sentences_seen / max(time.perf_counter() - start, 1e-9)
