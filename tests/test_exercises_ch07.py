@@ -665,6 +665,31 @@ def sample_top_two(logits, temperature, generator):
     return ids.gather(-1, picked)[:, 0]
 
 
+def sample_top_k(k):
+    """Top-k sampling: only the k most probable ids of each row come up (k >= 4 keeps every id of the 4-wide rows)."""
+    def sample_next(logits, temperature, generator):
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        values, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
+        picked = torch.multinomial(torch.softmax(values / temperature, dim=-1), 1, generator=generator)
+        return ids.gather(-1, picked)[:, 0]
+    sample_next.__name__ = f"sample_top_{k}"
+    return sample_next
+
+
+def sample_cut_below(relative, absolute):
+    """min-p (drop the ids below `relative` times the row's largest probability) or epsilon sampling (drop the ids
+    below `absolute`), then renormalise."""
+    def sample_next(logits, temperature, generator):
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        p = torch.softmax(logits / temperature, dim=-1)
+        keep = (p >= relative * p.max(dim=-1, keepdim=True).values) & (p >= absolute)
+        return torch.multinomial(p * keep, 1, generator=generator)[:, 0]
+    sample_next.__name__ = f"sample_cut_below_{relative:g}_{absolute:g}"
+    return sample_next
+
+
 def sample_gumbel_wrong_sign(logits, temperature, generator):
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -816,6 +841,16 @@ def test_sample_crash_and_scaffold():
         (sample_patches_the_overflow, "torch.nan_to_num"),
         (sample_floors_the_probabilities, "A floor on the probabilities"),
         (sample_smooths_the_probabilities, "A floor on the probabilities"),
+        # the eighteenth review of chapter 07: cuts that keep every id of the 4-wide rows
+        (sample_top_k(4), "no top-k, top-p (nucleus) or min-p cut"),
+        (sample_top_k(5), "no top-k, top-p (nucleus) or min-p cut"),
+        (sample_top_k(10), "no top-k, top-p (nucleus) or min-p cut"),
+        (sample_top_k(39), "no top-k, top-p (nucleus) or min-p cut"),
+        (sample_top_k(63), "(20000, 64), spread evenly over 4 nats, temperature=2)"),
+        (sample_cut_below(1e-3, 0.0), "no top-k, top-p (nucleus) or min-p cut"),  # min-p
+        (sample_cut_below(0.0, 1e-3), "no top-k, top-p (nucleus) or min-p cut"),  # epsilon sampling
+        (sample_cut_below(0.0, 3e-4), "no top-k, top-p (nucleus) or min-p cut"),
+        (sample_cut_below(2e-4, 0.0), "(5000, 1024), one id and 1,023 ids 9 nats below it"),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):

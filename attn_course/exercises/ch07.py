@@ -21,7 +21,9 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   largest ids (argmax picks the first; any one tied id is accepted), so that a clamp of the temperature however
   small (1e-9, 1e-30), a sample between the tied ids, is named. It samples at temperatures 0.1, 0.05, 0.02, 0.005
   and 0.001 (greedy below a threshold is named), and at 0.01 on float32 logits near 50 (a softmax in half
-  precision, which cannot tell 5000 from 5000.5, is named).
+  precision, which cannot tell 5000 from 5000.5, is named). Wide rows whose probability is spread out (64 ids over
+  4 nats; one id and 1,023 ids 9 nats below it) name any cut of the distribution: top-k for any k < V, top-p,
+  min-p, ids dropped below a probability.
 - Exercise 3 has a table whose best survivor at ``max_len`` has not ended and one whose best survivor there has
   ended (each preference named), and names a search that stops early
   (an unfinished result shorter than ``max_len``). A long case (200 ids, finalists 28 tokens long, totals near -110
@@ -466,6 +468,38 @@ def _expect_large_rows_sampled_right(sample_next) -> None:
         _expect_every_count(ids, expected, part)
 
 
+def _expect_wide_rows_sampled_right(sample_next) -> None:
+    """Wide rows whose probability is spread out, each repeated many times, so that a cut of the distribution is
+    seen, however it is made (top-k for any k < V, top-p, min-p, dropping the ids below a probability): 64 logits
+    evenly over 4 nats at temperatures 1 and 2 (20,000 rows; the least likely id about 24 and 100 draws), and one
+    likely id with 1,023 ids 9 nats below it (5,000 rows; each of those 1.1e-4 of the probability and 1.2e-4 of the
+    top id's, 11% together, about 550 draws). Each id's count must fall within 5 standard deviations of its expected
+    count, and so must the total count of the less likely half of the ids."""
+    spread = -torch.linspace(0.0, 4.0, 64)  # (64,): the least likely id holds e^-4 of the top one's probability
+    tail = torch.cat([torch.zeros(1), torch.full((1023,), -9.0)])  # (1024,): one id, then 1,023 at e^-9 of it each
+    for seed, (row, n, temperature, name) in enumerate(((spread, 20000, 1.0, "spread evenly over 4 nats"),
+                                                        (spread, 20000, 2.0, "spread evenly over 4 nats"),
+                                                        (tail, 5000, 1.0, "one id and 1,023 ids 9 nats below it"))):
+        V = len(row)
+        rows = row.repeat(n, 1)  # (n, V)
+        what = f"sample_next(logits of shape ({n}, {V}), {name}, temperature={temperature:g})"
+        ids = expect_tensor(call(sample_next, rows, temperature, torch.Generator().manual_seed(20 + seed)), what=what,
+                            shape=(n,), dtype="integer", device=rows).long().cpu()
+        expect(bool(((ids >= 0) & (ids < V)).all()), f"{what}: ids must lie between 0 and V - 1 = {V - 1}, got "
+               f"{ids.unique().tolist()[:8]}")
+        expected = torch.softmax(row.double() / temperature, dim=-1)
+        rare = expected.argsort()[: V // 2]  # the less likely half of the ids
+        share = float(expected[rare].sum())
+        mean, std = n * share, (n * share * (1 - share)) ** 0.5
+        count = int(torch.isin(ids, rare).sum())
+        if abs(count - mean) > 5 * std + 1:
+            raise Mismatch(f"{what}: the {V // 2} least likely ids have probability {share:.4f} together, about "
+                           f"{mean:.0f} draws in {n:,}; yours came up {count} times."
+                           + (" Sample from the whole distribution: no top-k, top-p (nucleus) or min-p cut, no "
+                              "probability below which ids are dropped." if count < mean else ""))
+        _expect_every_count(ids, expected, what)
+
+
 @exercise(
     "Exercise 2, greedy decoding or sampling",
     hint="at temperature 0 take each row's largest logit; otherwise divide the logits by the temperature, turn each "
@@ -673,6 +707,7 @@ def check_sample_next(sample_next) -> str:
     got = expect_tensor(got, what=what, shape=(4000,), dtype="integer", device=big)
     expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
     _expect_large_rows_sampled_right(sample_next)
+    _expect_wide_rows_sampled_right(sample_next)
     # Once more on another device: the notebook's GPU with a generator there, as translate(...) on a GPU does, or
     # the meta device (with a CPU generator) where there is none, so that noise made without device= is named, and
     # ids returned on the CPU (.cpu() before or after sampling) too: translate(...) appends them to sentences that
