@@ -257,7 +257,10 @@ def run(out: pathlib.Path = OUT, retrain: bool = False) -> tuple[bool, str]:
     try:
         import torch
 
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        # Two threads train it fastest on an idle machine; a caller that sets OMP_NUM_THREADS (make test runs the
+        # build beside a chapter on the other core, where a second thread would wait more than it works) decides.
+        if not os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
         model = _train_or_load(p["checkpoint"], retrain, log)
         for name in ("encoder", "decoder"):
             p[name].unlink(missing_ok=True)
