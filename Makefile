@@ -2,8 +2,8 @@
 #   make book   builds the website (executing every chapter) into _build/html
 #   make test   runs every test in one pytest run (the package against PyTorch, every chapter with
 #               nbval, the website in a real browser, a chapter on a simulated Colab, the student
-#               versions), then every chapter again under nbval on a second numerical path
-#               (`make test-other-cpu`: scalar CPU kernels, one thread), so that a chapter whose
+#               versions) and, in the same run, every chapter again under nbval on a second numerical
+#               path (scalar CPU kernels, one thread; `make test-other-cpu` runs that alone), so that a chapter whose
 #               compared outputs hold only on the CPU that executed it fails here, not on a student's
 #               machine or in CI. The browser test builds its own copy of the site into _build/site-test
 #               from the committed, executed notebooks WITHOUT executing them again
@@ -52,7 +52,7 @@ OTHER_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1
 help:
 	@echo "make book    build the website into _build/html (executes every chapter)"
 	@echo "make test    run every test: package, chapters (nbval), website in chromium, Colab simulation, student versions,"
-	@echo "             then every chapter again on another numerical path (make test-other-cpu); two test files at a time"
+	@echo "             and every chapter again on another numerical path (make test-other-cpu alone); two test files at a time"
 	@echo "             (JOBS=1: one at a time)"
 	@echo "make student write _build/student/ (chapters without solutions) and _build/solutions/ (+ zips) for instructors"
 	@echo "make student-check   make student, then run every student notebook top to bottom"
@@ -79,13 +79,17 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
+# One pytest session runs both numerical paths: tests/make_test_plugin.py collects every chapter a second time
+# (chapters/NN_x.ipynb@scalar-kernels, its kernel started with $(OTHER_CPU)) and hands out the files longest
+# first (--no-loadscope-reorder keeps that order), so that neither worker waits idle at the end of a pass.
+ORDER := -p tests.make_test_plugin --no-loadscope-reorder
+
 test: setup
-	$(PASS1_THREADS) $(PY) -m pytest chapters tests $(NBVAL) $(PARALLEL) -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
-	@$(MAKE) --no-print-directory test-other-cpu
+	$(PASS1_THREADS) $(PY) -m pytest chapters tests $(NBVAL) --nbval-other-cpu $(ORDER) $(PARALLEL) -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
 
 test-other-cpu: setup
-	@echo "Every chapter again, on the scalar CPU kernels with one thread ($(OTHER_CPU)):"
-	$(OTHER_CPU) $(PY) -m pytest chapters $(NBVAL) $(PARALLEL) -p no:cacheprovider $(PYTEST_ARGS)
+	@echo "Every chapter on the scalar CPU kernels with one thread ($(OTHER_CPU)):"
+	$(OTHER_CPU) $(PY) -m pytest chapters $(NBVAL) $(ORDER) $(PARALLEL) -p no:cacheprovider $(PYTEST_ARGS)
 
 # Not part of `make test`: a separate .venv-newest with PyPI's newest torch (a CUDA build of about
 # 2.6 GB) and the newest of everything else, then the package tests and the chapters under nbval.
