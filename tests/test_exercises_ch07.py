@@ -740,17 +740,17 @@ def sample_right_inverse_cdf(logits, temperature, generator):
     return torch.searchsorted(p.cumsum(-1), u)[:, 0].clamp(max=logits.size(-1) - 1)
 
 
-def sample_right_powers(logits, temperature, generator):
-    """A correct alternative: softmax(z) ** (1 / temperature), unnormalised (multinomial normalises)."""
+def sample_powers(logits, temperature, generator):
+    """softmax(z) ** (1 / temperature), unnormalised (multinomial normalises): right in exact arithmetic, but at a
+    temperature of 1e-6 the powers (about 0.5 ** 1e6) underflow to 0 and torch.multinomial refuses them."""
     if temperature == 0:
         return torch.from_numpy(np.argmax(logits.cpu().numpy(), axis=-1)).to(logits.device)
     return torch.multinomial(torch.softmax(logits, dim=-1).double() ** (1 / temperature), 1, generator=generator)[:, 0]
 
 
-def sample_right_powers_float32(logits, temperature, generator):
-    """A correct alternative: softmax(z) ** (1 / temperature) in the logits' dtype, which does not underflow at the
-    check's smallest temperature on float32 rows, 0.02 (about 1e-30 there), nor at 0.001 on its float64 rows of two
-    logits (about 1e-301 there)."""
+def sample_powers_float32(logits, temperature, generator):
+    """softmax(z) ** (1 / temperature) in the logits' dtype: fine down to 0.02 on float32 rows (about 1e-30 there) and
+    0.001 on float64 rows of two logits (about 1e-301), underflows to 0 at 1e-6."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     return torch.multinomial(torch.softmax(logits, dim=-1) ** (1 / temperature), 1, generator=generator).squeeze(1)
@@ -779,8 +779,7 @@ def sample_right_copied_out_and_back(logits, temperature, generator):
 
 def test_sample_right():
     for answer in (sample_right, sample_right_via_log_softmax, sample_right_gumbel, sample_right_numpy_temperature,
-                   sample_right_inverse_cdf, sample_right_powers, sample_right_powers_float32,
-                   sample_right_copied_out_and_back,
+                   sample_right_inverse_cdf, sample_right_copied_out_and_back,
                    sample_right_last_of_tied_ids, sample_right_gumbel_float32, sample_right_int32):
         feedback = check_sample_next(answer)
         assert feedback.status == "correct", str(feedback)
@@ -851,6 +850,12 @@ def test_sample_crash_and_scaffold():
         (sample_cut_below(0.0, 1e-3), "no top-k, top-p (nucleus) or min-p cut"),  # epsilon sampling
         (sample_cut_below(0.0, 3e-4), "no top-k, top-p (nucleus) or min-p cut"),
         (sample_cut_below(2e-4, 0.0), "(5000, 1024), one id and 1,023 ids 9 nats below it"),
+        # the nineteenth review: greedy below 1e-3 (the smallest temperature tried was 0.001), and below smaller ones
+        (sample_greedy_below(1e-3), "temperature=1e-06): every row got its largest logit"),
+        (sample_greedy_below(1e-7), "temperature=1e-12): every row got its largest logit"),
+        (sample_greedy_below(1e-20), "temperature=1e-30): every row got its largest logit"),
+        (sample_powers, "underflow to 0: divide the logits by the temperature"),
+        (sample_powers_float32, "underflow to 0: divide the logits by the temperature"),
     ],
 )
 def test_wrong_samplers_are_told_what_is_wrong(answer, words):

@@ -99,6 +99,20 @@ def test_alignment_scores_counts_right_words_and_the_uniform_baseline():
     assert scores["heads"][1, 0] == pytest.approx(1 / 4) and scores["heads"][0, 1] == pytest.approx(1 / 4)
     wrong = {1: english.index("the"), 2: english.index("the"), 3: english.index("the"), 5: english.index("the")}
     assert tr.alignment_scores([_map(target, source, wrong)])["heads"][0, 0] == 0.0
+    assert scores["repeated"] == 0
+
+
+def test_alignment_scores_count_words_whose_english_word_occurs_twice():
+    # "l'orange verte trouve l'orange bleue" <- "the green orange finds the blue orange": both oranges have their
+    # English word twice in the sentence; verte, trouve and bleue do not.
+    source, target = "the green orange finds the blue orange", "l'orange verte trouve l'orange bleue"
+    english = source.split()
+    first_orange = english.index("orange")
+    at_first = {0: first_orange, 1: english.index("green"), 2: english.index("finds"), 3: first_orange,
+                4: english.index("blue")}
+    scores = tr.alignment_scores([_map(target, source, at_first)])
+    assert scores["total"] == 5 and scores["repeated"] == 2
+    assert scores["heads"][0, 0] == 1.0  # the second orange read at the first counts as right: what "repeated" warns of
 
 
 def test_alignment_scores_rejects_maps_without_words():

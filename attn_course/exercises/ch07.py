@@ -19,11 +19,14 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
   two largest logits are 1e-3 down to 1e-6 apart (a clamp of the temperature from 1e-6 up is named), then rows
   whose largest logits are exactly tied, each repeated 2,000 times: every copy of a row must get the same one of its
   largest ids (argmax picks the first; any one tied id is accepted), so that a clamp of the temperature however
-  small (1e-9, 1e-30), a sample between the tied ids, is named. It samples at temperatures 0.1, 0.05, 0.02, 0.005
-  and 0.001 (greedy below a threshold is named), and at 0.01 on float32 logits near 50 (a softmax in half
-  precision, which cannot tell 5000 from 5000.5, is named). Wide rows whose probability is spread out (64 ids over
-  4 nats; one id and 1,023 ids 9 nats below it) name any cut of the distribution: top-k for any k < V, top-p,
-  min-p, ids dropped below a probability.
+  small (1e-9, 1e-30), a sample between the tied ids, is named. It samples at temperatures 0.1, 0.05, 0.02, 0.005,
+  0.001, 1e-6, 1e-12 and 1e-30 (greedy below a threshold is named, and probabilities raised to the power
+  1 / temperature, which underflow there), and at 0.01 on float32 logits near 50 (a softmax in half precision,
+  which cannot tell 5000 from 5000.5, is named). Wide rows whose probability is spread out (64 ids over 4 nats;
+  one id and 1,023 ids 9 nats below it) name cuts of the distribution that remove a share a sample of 20,000 or
+  5,000 can see: top-k with k up to 63 on the 64 ids, min-p and dropping ids below a probability from about
+  1.2e-4 up, top-p well below 1. (A cut of the last few ids of a thousand, top-k 1000 or top-p 0.999, changes too
+  few draws for any sample of this size to see.)
 - Exercise 3 has a table whose best survivor at ``max_len`` has not ended and one whose best survivor there has
   ended (each preference named), and names a search that stops early
   (an unfinished result shorter than ``max_len``). A long case (200 ids, finalists 28 tokens long, totals near -110
@@ -632,9 +635,10 @@ def check_sample_next(sample_next) -> str:
     # A small temperature above 0 is still a sample: at temperature t, rows whose two largest logits are t apart
     # give the runner-up about 26% of the draws; an answer that turns greedy below some threshold (argmax if
     # temperature < 0.5, < 0.2, < 0.095 or < 0.05) draws the largest logit every time. Tried at 0.1, 0.05 and 0.02
-    # on these float32 rows of four logits (not smaller: softmax(z) ** (1 / temperature), a right answer, underflows
-    # to 0 at 0.01 in float32; at 0.02 these rows' softmax, about 0.25 each, to the 50th power is about 1e-30, a normal
-    # float32), then at 0.005 and 0.001 on float64 rows of two logits below.
+    # on these float32 rows of four logits (not smaller, so that each message here is about greedy decoding:
+    # softmax(z) ** (1 / temperature) underflows to 0 at 0.01 in float32; at 0.02 these rows' softmax, about 0.25
+    # each, to the 50th power is about 1e-30, a normal float32), then at 0.005 and 0.001 on float64 rows of two
+    # logits, then at 1e-6 and below, where the powers underflow and are named.
     for small in (0.1, 0.05, 0.02):
         sharp = (torch.tensor([[1.0, 0.0, -2.0, -3.0]]) * small).repeat(20000, 1)  # (20000, 4): one row, 20,000 times
         what = (f"sample_next(logits of shape (20000, 4) whose two largest logits are {small:g} apart, "
@@ -649,14 +653,38 @@ def check_sample_next(sample_next) -> str:
         _expect_every_count(got, want, what)
     # Smaller temperatures still, 0.005 and 0.001, on float64 rows of two logits t apart (V = 2): the runner-up
     # still gets about 27% of the draws (softmax([1, 0])), so greedy below a threshold under 0.02 is named too. The
-    # powers form stays a right answer here: softmax(z), about 0.5 each, to the 1000th power is about 1e-301, a
-    # normal float64.
+    # powers form still works here (softmax(z), about 0.5 each, to the 1000th power is about 1e-301, a normal
+    # float64); it is named at 1e-6 below.
     for small in (0.005, 0.001):
         sharp = torch.tensor([[small, 0.0]], dtype=torch.float64).repeat(20000, 1)  # (20000, 2) in float64
         what = (f"sample_next(logits of shape (20000, 2) in float64 whose two logits are {small:g} apart, "
                 f"temperature={small:g})")
         got = expect_tensor(call(sample_next, sharp, small, torch.Generator().manual_seed(8)), what=what,
                             shape=(20000,), dtype="integer", device=sharp)
+        want = torch.softmax(sharp[0] / small, dim=-1)  # about 0.731, 0.269
+        if bool((got.long().cpu() == 0).all()):
+            raise Mismatch(f"{what}: every row got its largest logit, id 0, where id 1 should come up "
+                           f"{float(want[1]):.0%} of the time. Only temperature 0 is greedy: at every temperature "
+                           "above 0, however small, sample from softmax(logits / temperature)")
+        _expect_every_count(got, want, what)
+    # Tiny temperatures, 1e-6, 1e-12 and 1e-30, on the same kind of float64 rows (logits t apart, so logits / t is
+    # [1, 0] and the runner-up still gets about 27%): greedy below any threshold down to 1e-30 is named. Here
+    # softmax(logits) ** (1 / temperature), about 0.5 ** 1e6, underflows to 0 (in float32 as in float64), and is named
+    # with it: divide the logits by the temperature first. (1e-30 is a normal float32, so an answer that computes in
+    # float32, as the course's dtype policy allows, still divides right.)
+    for small in (1e-6, 1e-12, 1e-30):
+        sharp = torch.tensor([[small, 0.0]], dtype=torch.float64).repeat(20000, 1)  # (20000, 2) in float64
+        what = (f"sample_next(logits of shape (20000, 2) in float64 whose two logits are {small:g} apart, "
+                f"temperature={small:g})")
+        try:
+            got = call(sample_next, sharp, small, torch.Generator().manual_seed(8))
+        except _StudentCodeFailed as failed:
+            raise Mismatch(f"{what}: your code raised {type(failed.error).__name__}: "
+                           f"{str(failed.error).splitlines()[0] if str(failed.error) else ''}. At so small a "
+                           "temperature, probabilities raised to the power 1 / temperature (softmax(logits) ** "
+                           "(1 / temperature)) underflow to 0: divide the logits by the temperature, then take the "
+                           "softmax (it subtracts each row's max, so nothing overflows or underflows)") from None
+        got = expect_tensor(got, what=what, shape=(20000,), dtype="integer", device=sharp)
         want = torch.softmax(sharp[0] / small, dim=-1)  # about 0.731, 0.269
         if bool((got.long().cpu() == 0).all()):
             raise Mismatch(f"{what}: every row got its largest logit, id 0, where id 1 should come up "
@@ -739,8 +767,8 @@ def check_sample_next(sample_next) -> str:
             expect_tensor(got, what=what, shape=(1000,), dtype="integer")
     # Logits that share a large offset, at temperature 0.01 in float32: logits / temperature lie near 5000, where
     # float16's spacing is 4, so a softmax taken in half precision makes the two ids equally likely (0.5 each)
-    # instead of 0.378 and 0.622. The powers form stays right here: softmax(z), about 0.5 each, to the 100th power is
-    # about 1e-30, a normal float32.
+    # instead of 0.378 and 0.622. (The powers form, named at 1e-6 above, would not underflow here: softmax(z), about
+    # 0.5 each, to the 100th power is about 1e-30, a normal float32.)
     offset = torch.tensor([[50.0, 50.005]]).repeat(20000, 1)  # (20000, 2): one row, 20,000 times
     what = "sample_next(logits of shape (20000, 2) near 50 and 0.005 apart, in float32, temperature=0.01)"
     got = expect_tensor(call(sample_next, offset, 0.01, torch.Generator().manual_seed(9)), what=what,

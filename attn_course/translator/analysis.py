@@ -153,7 +153,9 @@ def alignment_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON
 
     Returns:
         A dict with ``"heads"``, a ``(layers, H + 1)`` tensor of shares right (the last column is
-        the mean of the layer's heads); ``"total"``, the number of French words scored; and
+        the mean of the layer's heads); ``"total"``, the number of French words scored;
+        ``"repeated"``, how many of those have an English word that occurs twice in the sentence (*orange*
+        in *the green orange finds the blue orange*), where the word at either place counts as right; and
         ``"uniform"``, the share that uniform attention over the source characters gets with the
         same metric. Summing over a word's characters makes uniform attention choose the longest
         English word, which is right more often than one word in six: that, not 1/6, is the chance
@@ -164,7 +166,7 @@ def alignment_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON
     dictionary = word_dictionary(lexicon)
     layers, heads = maps[0]["cross"].shape[:2]
     hits = torch.zeros(layers, heads + 1)
-    uniform_hits, total = 0, 0
+    uniform_hits, total, repeated = 0, 0, 0
     for attention in maps:
         cross = attention["cross"]  # (layers, H, T, S)
         target, source = attention["target"], attention["source"]
@@ -176,6 +178,8 @@ def alignment_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON
         if not wanted:
             continue
         total += len(wanted)
+        english = [word for word, _, _ in words_of(source)]
+        repeated += sum(english.count(right) > 1 for _, right in wanted)
         uniform = torch.full((len(target), len(source)), 1.0 / len(source))
         table, _, english_words = word_attention(uniform, target, source)
         uniform_hits += sum(english_words[int(table[i].argmax())] == right for i, right in wanted)
@@ -186,7 +190,7 @@ def alignment_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON
                 hits[layer, head] += sum(english_words[int(table[i].argmax())] == right for i, right in wanted)
     if total == 0:
         raise ValueError("maps hold no French noun, verb or adjective of the lexicon to score")
-    return {"heads": hits / total, "total": total, "uniform": uniform_hits / total}
+    return {"heads": hits / total, "total": total, "repeated": repeated, "uniform": uniform_hits / total}
 
 
 def reordering_scores(maps: Sequence[dict], *, lexicon: Lexicon = DEFAULT_LEXICON) -> dict:
