@@ -34,7 +34,7 @@ SCALAR_SLOWDOWN = 1.5
 # chapter 07's translator, the Colab test builds its environment). Only the order depends on them.
 TEST_FILE_SECONDS = {
     "tests/test_site.py": 260,
-    "tests/test_nbgrader.py": 105,
+    "tests/test_nbgrader.py": 90,
     "tests/test_colab.py": 50,
     "tests/test_diagrams.py": 31,
     "tests/test_exercises_ch11.py": 19,
