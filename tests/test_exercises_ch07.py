@@ -1081,6 +1081,28 @@ def beam_first_finished(next_log_probs, beam_width, max_len, start_id, end_id):
     return beams[0][0][1:]
 
 
+def beam_shrinks(next_log_probs, beam_width, max_len, start_id, end_id):
+    """The twentieth review's accepted answer: a finished sequence leaves the beam for a list and the beam shrinks
+    (k -= 1), a pattern of a widely used tutorial."""
+    beams, finished, k = [([start_id], 0.0)], [], beam_width
+    for _ in range(max_len):
+        if k <= 0 or not beams:
+            break
+        log_probs = next_log_probs(torch.tensor([ids for ids, _ in beams]))
+        candidates = []
+        for (ids, score), row in zip(beams, log_probs):
+            candidates += [(ids + [token], score + float(row[token])) for token in range(row.numel())]
+        top = sorted(candidates, key=lambda b: -b[1])[:k]
+        beams = []
+        for ids, score in top:
+            if ids[-1] == end_id:
+                finished.append((ids, score))
+                k -= 1
+            else:
+                beams.append((ids, score))
+    return max(finished + beams, key=lambda b: b[1])[0][1:]
+
+
 def beam_extends_finished(next_log_probs, beam_width, max_len, start_id, end_id):
     beams = [([start_id], 0.0)]
     for _ in range(max_len):
@@ -1243,6 +1265,7 @@ def test_beam_right_answers():
         (beam_last_token_score, "last token only"),
         (beam_length_normalised, "divided each score by the length"),
         (beam_first_finished, "first sequence that ended"),
+        (beam_shrinks, "the beam shrank to beam_width - 1"),
         (beam_prefers_finished, "one that has not ended scores higher"),
         (beam_prefers_unfinished, "but one that has ended scores higher"),
         (beam_without_the_end_symbol, "you left out the end symbol"),

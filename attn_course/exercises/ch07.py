@@ -30,7 +30,8 @@ watched for changes in place, results' kind of dtype and device, sizes unlike th
 - Exercise 3 has a table whose best survivor at ``max_len`` has not ended and one whose best survivor there has
   ended (each preference named), and names a search that stops early
   (an unfinished result shorter than ``max_len``). A long case (200 ids, finalists 28 tokens long, totals near -110
-  and 0.01 apart) names scores summed in float16 and probabilities multiplied instead of log-probabilities added.
+  and 0.01 apart) names scores summed in float16 and probabilities multiplied instead of log-probabilities added,
+  and a table where a sequence ends at the first step names a beam that shrinks each time a sequence ends.
 - Exercise 4 forbids the layer's own wiring by every route (``DecoderLayer.forward`` and
   ``apply_sublayers``, ``Transformer``, PyTorch's decoder layers and ``nn.MultiheadAttention``),
   asks for the inputs' exact dtype (a float64 case too, as its statement says) and names a causal mask in
@@ -840,9 +841,31 @@ class _ToyModel:
         return log_probs
 
 
+def _shrinking(model: _ToyModel, beam_width: int, max_len: int) -> list[int]:
+    """A search whose beam shrinks: each sequence that ends leaves the beam for a list of finished ones and takes its
+    place with it (the width drops to beam_width - 1, and so on), a pattern of some tutorials. It stops looking as
+    wide as it should: with a beam of 2, once one sequence has ended, it goes on greedily."""
+    beams, finished = [([model.start_id], 0.0)], []
+    for _ in range(max_len):
+        width = beam_width - len(finished)
+        if width <= 0 or not beams:
+            break
+        candidates = []
+        for ids, total in beams:
+            log_p = model.probabilities(tuple(ids[1:])).log()
+            candidates += [(ids + [token], total + float(log_p[token])) for token in range(model.V)
+                           if token != model.start_id]
+        top = sorted(candidates, key=lambda b: -b[1])[:width]
+        finished += [b for b in top if b[0][-1] == model.end_id]
+        beams = [b for b in top if b[0][-1] != model.end_id]
+    return sorted(finished + beams, key=lambda b: -b[1])[0][0][1:]
+
+
 def _variant(model: _ToyModel, beam_width: int, max_len: int, *, score="sum", first_finished=False,
-             greedy=False, prefer_finished=False, prefer_unfinished=False) -> list[int]:
+             greedy=False, prefer_finished=False, prefer_unfinished=False, shrinking=False) -> list[int]:
     """The answer of a plausible wrong beam search (or the right one, with the defaults)."""
+    if shrinking:
+        return _shrinking(model, beam_width, max_len)
     width = 1 if greedy else beam_width
     beams = [([model.start_id], 0.0, 0.0)]  # ids, sum of log-probabilities, the last one
     for _ in range(max_len):
@@ -900,6 +923,11 @@ def _beam_cases():
     for seed, (V, width, max_len) in enumerate(((6, 2, 6), (5, 3, 7), (8, 4, 6), (7, 3, 5), (9, 2, 8)), start=10):
         start, end = (0, V - 1) if seed % 2 else (1, 2)  # the special ids are not always 1 and 2
         yield f"random tables (V={V}, start_id={start}, end_id={end})", _ToyModel(V, start, end, {}, seed), width, max_len
+    # E ends at once (0.15) and stays in a beam of 2 beside A (0.8); A A (0.4) and A B (0.392) then push it out, and
+    # A B E (0.372) wins. A beam that shrinks when E ends follows A A alone and returns E (the twentieth review).
+    shrink = {(): {A: 0.8, E: 0.15, B: 0.05}, (A,): {A: 0.5, B: 0.49, E: 0.01}, (A, A): {A: 0.25, B: 0.25, C: 0.25, E: 0.05},
+              (A, B): {E: 0.95}}
+    yield "a case where a sequence ends early and the search must stay as wide", _ToyModel(7, S, E, shrink, 8), 2, 6
     yield _LONG_CASE, _ToyModel(200, S, E, _long_table(), 7), 2, 29
 
 
@@ -954,6 +982,10 @@ _BEAM_MISTAKES = (
                                 "ended scores higher: return the best survivor, finished or not"),
     ({"prefer_unfinished": True}, "after max_len tokens you returned a survivor that has not ended, but one that has "
                                   "ended scores higher: return the best survivor, finished or not"),
+    ({"shrinking": True}, "when a sequence ended you took its place out of the beam for good (the beam shrank to "
+                          "beam_width - 1, then less), so the search stopped looking as wide as beam_width: keep the "
+                          "beam_width best of the finished and the extended prefixes at every step, and a finished "
+                          "one gives up its place only to better prefixes"),
 )
 
 
