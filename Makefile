@@ -112,7 +112,7 @@ book: vendor
 	@echo "The website is in _build/html (open _build/html/index.html, or serve it: python -m http.server -d _build/html)."
 
 test-site: setup
-	ATTN_COURSE_SITE=_build/html $(PY) -m pytest tests/test_site.py -p no:cacheprovider $(PYTEST_ARGS)
+	ATTN_COURSE_SITE=_build/html ATTN_COURSE_SCREENSHOTS=full $(PY) -m pytest tests/test_site.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # `make student` and `make nbgrader` need Python 3.9+ and nothing else (no .venv, no torch, no
 # Jupyter): tools/make_student.py reads and writes the notebooks as JSON. Only running notebooks

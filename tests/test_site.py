@@ -300,6 +300,12 @@ def _slug(page: str) -> str:
 # --------------------------------------------------------------------------------------------------
 # The test, once per page of the book.
 
+# A full-page screenshot of a chapter takes about 4 s (a page of many figures, rendered whole): 50 s of `make test`
+# for pictures nothing asserts on. By default the test keeps the top of each page (and each explorable before and
+# after its controls move); ATTN_COURSE_SCREENSHOTS=full keeps whole pages, as `make test-site` does, to look at every
+# figure in _build/screenshots/.
+FULL_PAGE_SCREENSHOTS = os.environ.get("ATTN_COURSE_SCREENSHOTS") == "full"
+
 
 @pytest.mark.browser
 @pytest.mark.parametrize("page_name", PAGES)
@@ -358,7 +364,7 @@ def test_page_in_a_browser(page_name, browser_context, server, network):
         assert page.locator(".dropdown-download-buttons").count() == 0, "a download button (it would offer the source)"
 
         page.evaluate("window.scrollTo(0, 0)")
-        page.screenshot(path=str(SCREENSHOTS / f"{_slug(page_name)}.png"), full_page=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{_slug(page_name)}.png"), full_page=FULL_PAGE_SCREENSHOTS)
 
         # Explorables: moving each control changes the picture shown.
         explorables = page.evaluate(EXPLORABLES)
@@ -608,8 +614,8 @@ AXE_RUN = """async ([contrastOnly, skipCode]) => {
   return format([...contrast, ...others]);
 }"""
 # Full-page dark screenshots of every page take about 5 s each: by default the test keeps the top of
-# each page in dark mode; ATTN_COURSE_DARK_SCREENSHOTS=full keeps whole pages (to look at every figure).
-DARK_FULL_PAGE = os.environ.get("ATTN_COURSE_DARK_SCREENSHOTS") == "full"
+# each page in dark mode; ATTN_COURSE_DARK_SCREENSHOTS=full (or ATTN_COURSE_SCREENSHOTS=full) keeps whole pages.
+DARK_FULL_PAGE = "full" in (os.environ.get("ATTN_COURSE_DARK_SCREENSHOTS"), os.environ.get("ATTN_COURSE_SCREENSHOTS"))
 
 IMAGES_WITHOUT_ALT = """() => Array.from(document.images).map((img) => ({src: (img.currentSrc || img.src).split("/").pop().slice(0, 60),
   alt: img.getAttribute("alt"), hidden: img.getAttribute("aria-hidden") === "true" || img.getAttribute("role") === "presentation"}))"""
