@@ -1404,6 +1404,18 @@ def post_norm_norms_swapped(layer, x, memory, memory_padding):
     return layer.norm1(x + layer.feed_forward(x))
 
 
+def post_norm_in_order(first, second, third):
+    """The right wiring with the norms in another order (the twenty-first review: norm1 and norm2 swapped got only
+    'values differ')."""
+    def post_norm(layer, x, memory, memory_padding):
+        norms = {1: layer.norm1, 2: layer.norm2, 3: layer.norm3}
+        x = norms[first](x + layer.self_attn(x, x, x, is_causal=True)[0])
+        x = norms[second](x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+        return norms[third](x + layer.feed_forward(x))
+    post_norm.__name__ = f"post_norm_norms_{first}{second}{third}"
+    return post_norm
+
+
 def post_norm_forgets_the_ffn(layer, x, memory, memory_padding):
     x = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0])
     return layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
@@ -1546,6 +1558,10 @@ def test_post_norm_right_answers():
         (post_norm_cross_to_itself, "memory"),
         (post_norm_no_residual, "residual"),
         (post_norm_norms_swapped, "swapped"),
+        (post_norm_in_order(2, 1, 3), "the norms swapped"),
+        (post_norm_in_order(1, 3, 2), "the norms swapped"),
+        (post_norm_in_order(2, 3, 1), "the norms swapped"),
+        (post_norm_in_order(3, 1, 2), "the norms swapped"),
         (post_norm_forgets_the_ffn, "values differ"),
         (post_norm_returns_the_tuple, "tuple"),
         (post_norm_identity, "input"),

@@ -354,6 +354,24 @@ def test_train_step_ignores_padding_in_the_labels():
     torch.testing.assert_close(losses[0], expected.detach())
 
 
+def test_train_step_without_the_shift_scores_each_position_on_what_it_reads():
+    """shift_target=False (section 9's bug): the labels are the decoder's own input, start symbol included."""
+    torch.manual_seed(0)
+    pairs = toy_pairs(8, seed=1)
+    model = tr.build_translator(pairs, d_model=16, num_heads=2, d_ff=32)
+    src = tr.pad_sequences([model.source_vocab.encode(pairs[0][0])])
+    tgt = tr.pad_sequences([model.target_vocab.encode(pairs[0][1], add_start=True, add_end=True)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss = tr.train_step(model, optimizer, src, tgt, shift_target=False)
+    logits, _ = model(src, tgt[:, :-1])
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits[0], tgt[0, :-1]).detach())
+    assert not torch.allclose(loss, tr.train_step(model, optimizer, src, tgt))  # the shifted labels differ
+    with pytest.raises(TypeError, match="shift_target"):
+        tr.train_step(model, optimizer, src, tgt, shift_target="no")
+    with pytest.raises(TypeError, match="shift_target"):
+        tr.TrainingSettings(shift_target=0)
+
+
 def test_train_is_train_step_in_a_loop():
     """train() is train_step with length-bucketed batches and the schedule: the same seed, the same first loss."""
     pairs = toy_pairs(48, seed=1)

@@ -736,7 +736,23 @@ def check_sample_next(sample_next) -> str:
     got = expect_tensor(got, what=what, shape=(4000,), dtype="integer", device=big)
     expect(bool(((got >= 0) & (got < 3)).all()), f"{what}: ids must lie between 0 and V - 1 = 2, got {got.unique().tolist()}")
     _expect_large_rows_sampled_right(sample_next)
-    _expect_wide_rows_sampled_right(sample_next)
+    # Logits that share a large offset, at temperature 0.01 in float32: logits / temperature lie near 5000, where
+    # float16's spacing is 4, so a softmax taken in half precision makes the two ids equally likely (0.5 each)
+    # instead of 0.378 and 0.622. (The powers form, named at 1e-6 above, would not underflow here: softmax(z), about
+    # 0.5 each, to the 100th power is about 1e-30, a normal float32.)
+    offset = torch.tensor([[50.0, 50.005]]).repeat(20000, 1)  # (20000, 2): one row, 20,000 times
+    what = "sample_next(logits of shape (20000, 2) near 50 and 0.005 apart, in float32, temperature=0.01)"
+    got = expect_tensor(call(sample_next, offset, 0.01, torch.Generator().manual_seed(9)), what=what,
+                        shape=(20000,), dtype="integer", device=offset)
+    want = torch.softmax(offset[0].double() / 0.01, dim=-1)  # about 0.378, 0.622
+    have = _frequencies(got, 2)
+    if abs(float(have[1]) - 0.5) < 0.02 < abs(float(want[1]) - 0.5):
+        raise Mismatch(f"{what}: ids 0 and 1 came up about equally often ({float(have[0]):.3f} and {float(have[1]):.3f}), "
+                       f"where id 1 should come up {float(want[1]):.3f} of the time: logits / temperature lie near "
+                       "5000 here, where float16 (or bfloat16) cannot tell 5000 from 5000.5. Keep the logits' own "
+                       "dtype for the division and the softmax")
+    _expect_every_count(got, want, what)
+    _expect_wide_rows_sampled_right(sample_next)  # after the float16 case, which names half precision by its own name
     # Once more on another device: the notebook's GPU with a generator there, as translate(...) on a GPU does, or
     # the meta device (with a CPU generator) where there is none, so that noise made without device= is named, and
     # ids returned on the CPU (.cpu() before or after sampling) too: translate(...) appends them to sentences that
@@ -766,22 +782,6 @@ def check_sample_next(sample_next) -> str:
                                "generator you were given), or move the ids back with .to(logits.device)")
             got = expect_on_device(got, device, what, dtype="integer")
             expect_tensor(got, what=what, shape=(1000,), dtype="integer")
-    # Logits that share a large offset, at temperature 0.01 in float32: logits / temperature lie near 5000, where
-    # float16's spacing is 4, so a softmax taken in half precision makes the two ids equally likely (0.5 each)
-    # instead of 0.378 and 0.622. (The powers form, named at 1e-6 above, would not underflow here: softmax(z), about
-    # 0.5 each, to the 100th power is about 1e-30, a normal float32.)
-    offset = torch.tensor([[50.0, 50.005]]).repeat(20000, 1)  # (20000, 2): one row, 20,000 times
-    what = "sample_next(logits of shape (20000, 2) near 50 and 0.005 apart, in float32, temperature=0.01)"
-    got = expect_tensor(call(sample_next, offset, 0.01, torch.Generator().manual_seed(9)), what=what,
-                        shape=(20000,), dtype="integer", device=offset)
-    want = torch.softmax(offset[0].double() / 0.01, dim=-1)  # about 0.378, 0.622
-    have = _frequencies(got, 2)
-    if abs(float(have[1]) - 0.5) < 0.02 < abs(float(want[1]) - 0.5):
-        raise Mismatch(f"{what}: ids 0 and 1 came up about equally often ({float(have[0]):.3f} and {float(have[1]):.3f}), "
-                       f"where id 1 should come up {float(want[1]):.3f} of the time: logits / temperature lie near "
-                       "5000 here, where float16 (or bfloat16) cannot tell 5000 from 5000.5. Keep the logits' own "
-                       "dtype for the division and the softmax")
-    _expect_every_count(got, want, what)
     return "greedy at temperature 0, and samples that follow softmax(logits / temperature) row by row, reproducibly."
 
 
@@ -1115,9 +1115,10 @@ def _wirings(layer: DecoderLayer, x, memory, memory_padding) -> dict:
         "no causal mask": post(attend_self_fn=lambda h: attend_self(h, causal=False)),
         "cross-attention to itself": post(attend_source_fn=lambda h: attend_source(h, padding=None, keys=h)),
         "no residual": post(residual=False),
-        "norms in another order": post(norms=(n3, n2, n1)),
         "query from the input": query_from_input(),
     }
+    for k, order in enumerate(_NORM_ORDERS):  # every other order of the three norms (norm1 and norm2 swapped, ...)
+        wirings[f"norms in another order {k}"] = post(norms=tuple((n1, n2, n3)[i] for i in order))
     if bool(memory_padding.any()):
         wirings["padding attended"] = post(attend_source_fn=lambda h: attend_source(h, padding=None))
         if not bool(memory_padding.all(dim=-1).any()):
@@ -1125,6 +1126,7 @@ def _wirings(layer: DecoderLayer, x, memory, memory_padding) -> dict:
     return wirings
 
 
+_NORM_ORDERS = ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1))  # the five orders of (norm1, norm2, norm3) but one
 _WIRING_MESSAGES = {
     "pre-norm": "that is the pre-norm wiring, x + sublayer(norm(x)) (what this layer's own forward does); "
                 "post-norm normalises after the residual sum: x = norm(x + sublayer(x))",
@@ -1142,8 +1144,9 @@ _WIRING_MESSAGES = {
                                  "memory (the encoder's output)",
     "no residual": "the residual connections are missing: each sub-layer's output is added to its input "
                    "before the norm, norm(x + sublayer(x))",
-    "norms in another order": "the right wiring with the norms swapped: norm1 follows the self-attention, norm2 "
-                              "the cross-attention, norm3 the feed-forward network",
+    **{f"norms in another order {k}": "the right wiring with the norms swapped: norm1 follows the self-attention, "
+                                      "norm2 the cross-attention, norm3 the feed-forward network"
+       for k in range(5)},
     "query from the input": "the cross-attention's queries come from the layer's input; they come from the output of "
                             "the first sub-layer (after norm1), as each sub-layer reads the one before it",
 }

@@ -35,6 +35,9 @@ class TrainingSettings:
         weight_decay: AdamW's decoupled weight decay.
         label_smoothing: share of the target probability spread over the other characters.
         grad_clip: largest gradient norm (larger gradients are scaled down).
+        shift_target: score each position on the *next* character (the default, teacher forcing).
+            ``False`` scores it on the very character it reads, the bug of chapter 07's section 9: the
+            causal mask lets a position read itself, so the model learns to copy its input.
 
     The defaults (one pass over 20,000 pairs in batches of 16, 1,250 steps) reach about 99% exact
     match on unseen sentences of the toy language with the default model, in about 35 seconds on
@@ -48,8 +51,10 @@ class TrainingSettings:
     weight_decay: float = 0.01
     label_smoothing: float = 0.0
     grad_clip: float = 1.0
+    shift_target: bool = True
 
     def __post_init__(self) -> None:
+        check_bool("shift_target", self.shift_target)
         check_positive_int("epochs", self.epochs)
         check_positive_int("batch_size", self.batch_size)
         for name in ("learning_rate", "grad_clip"):
@@ -90,7 +95,8 @@ def _length_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random)
 
 
 def train_step(model: Translator, optimizer: torch.optim.Optimizer, src: torch.Tensor, tgt: torch.Tensor, *,
-               grad_clip: float = 1.0, label_smoothing: float = 0.0, return_grad_norm: bool = False):
+               grad_clip: float = 1.0, label_smoothing: float = 0.0, return_grad_norm: bool = False,
+               shift_target: bool = True):
     """One step of teacher forcing: the loss of a batch, its gradients, one optimizer update.
 
     The decoder reads ``tgt[:, :-1]`` (start symbol first) and is scored on ``tgt[:, 1:]``, the same
@@ -106,6 +112,8 @@ def train_step(model: Translator, optimizer: torch.optim.Optimizer, src: torch.T
         label_smoothing: as ``F.cross_entropy``.
         return_grad_norm: also return the gradient norm before clipping (clipping acted if it
             exceeds ``grad_clip``).
+        shift_target: ``False`` scores each position on the character it reads (``tgt[:, :-1]``)
+            instead of the next one: a bug, for chapter 07's section 9.
 
     Returns:
         The batch's mean loss before the update (a detached scalar tensor); with
@@ -115,8 +123,10 @@ def train_step(model: Translator, optimizer: torch.optim.Optimizer, src: torch.T
         src ``(B, S)``, tgt ``(B, T + 1)`` -> a scalar
     """
     check_bool("return_grad_norm", return_grad_norm)
+    check_bool("shift_target", shift_target)
     logits, _ = model(src, tgt[:, :-1])  # input: start + text; (B, T, V)
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt[:, 1:].reshape(-1),  # (B * T, V) vs (B * T,)
+    labels = tgt[:, 1:] if shift_target else tgt[:, :-1]  # the next characters (or, the bug, the same ones)
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),  # (B * T, V) vs (B * T,)
                            ignore_index=CharVocab.pad_id, label_smoothing=label_smoothing)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -202,7 +212,8 @@ def train(
             src = pad_sequences([source_rows[i] for i in batch], CharVocab.pad_id, device)  # (B, S)
             tgt = pad_sequences([target_rows[i] for i in batch], CharVocab.pad_id, device)  # (B, T + 1)
             loss, grad_norm = train_step(model, optimizer, src, tgt, grad_clip=settings.grad_clip,
-                                         label_smoothing=settings.label_smoothing, return_grad_norm=True)
+                                         label_smoothing=settings.label_smoothing, return_grad_norm=True,
+                                         shift_target=settings.shift_target)
             loss_value = loss.item()
             scheduler.step()
 
