@@ -1416,6 +1416,20 @@ def post_norm_in_order(first, second, third):
     return post_norm
 
 
+def post_norm_detaches_the_memory(layer, x, memory, memory_padding):
+    """The twenty-third review's accepted answer: right values, but the encoder gets no gradient through memory."""
+    memory = memory.detach()
+    x = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0])
+    x = layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
+    return layer.norm3(x + layer.feed_forward(x))
+
+
+def post_norm_reads_memory_data(layer, x, memory, memory_padding):
+    x = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0])
+    x = layer.norm2(x + layer.cross_attn(x, memory.data, memory.data, key_padding_mask=memory_padding)[0])
+    return layer.norm3(x + layer.feed_forward(x))
+
+
 def post_norm_forgets_the_ffn(layer, x, memory, memory_padding):
     x = layer.norm1(x + layer.self_attn(x, x, x, is_causal=True)[0])
     return layer.norm2(x + layer.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0])
@@ -1558,6 +1572,8 @@ def test_post_norm_right_answers():
         (post_norm_cross_to_itself, "memory"),
         (post_norm_no_residual, "residual"),
         (post_norm_norms_swapped, "swapped"),
+        (post_norm_detaches_the_memory, "its gradient with respect to memory is not (none at all)"),
+        (post_norm_reads_memory_data, "its gradient with respect to memory is not (none at all)"),
         (post_norm_in_order(2, 1, 3), "the norms swapped"),
         (post_norm_in_order(1, 3, 2), "the norms swapped"),
         (post_norm_in_order(2, 3, 1), "the norms swapped"),

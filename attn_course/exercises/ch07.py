@@ -1223,17 +1223,18 @@ def _post_norm_reference(layer: DecoderLayer, x, memory, memory_padding):
 
 def _gradients_flow(post_norm_decoder_layer) -> None:
     """One case with autograd on (the others run under torch.no_grad()): a layer is there to be trained, so its
-    output's gradients with respect to h and to every weight must be DecoderLayer(norm_first=False)'s. An answer that
-    detaches its output, or runs under torch.no_grad() as the notebook's inspection cells do, gives the right values
-    and no gradient."""
+    output's gradients with respect to h, to memory (the encoder trains through the cross-attention) and to every
+    weight must be DecoderLayer(norm_first=False)'s. An answer that detaches its output, or runs under
+    torch.no_grad() as the notebook's inspection cells do, gives the right values and no gradient; one that detaches
+    memory (or reads memory.data) gives the right values and leaves the encoder untrained."""
     B, T, S, E, H = 2, 5, 4, 8, 2
     layer = _layer(E, H, 77).double()
     g = rng(177)
     x = randn(B, T, E, generator=g).double().requires_grad_()
-    memory = randn(B, S, E, generator=g).double()
+    memory = randn(B, S, E, generator=g).double().requires_grad_()
     memory_padding = torch.tensor([[False] * S, [False, False, True, True]])
-    what = (f"post_norm_decoder_layer(layer, h of shape {(B, T, E)} that requires grad, memory of shape {(B, S, E)}, "
-            "memory_padding), with autograd on")
+    what = (f"post_norm_decoder_layer(layer, h of shape {(B, T, E)} and memory of shape {(B, S, E)}, both requiring "
+            "grad, memory_padding), with autograd on")
     with forbidden(layer, reason=_NOT_A_LAYER), \
             forbidden(*_LIBRARY_LAYERS, reason="this exercise asks you to wire the layer's own sub-modules yourself, "
                                                "not to hand them to a library layer"):
@@ -1247,12 +1248,13 @@ def _gradients_flow(post_norm_decoder_layer) -> None:
     post.load_state_dict(layer.state_dict())
     reference = post(x, memory, memory_key_padding_mask=memory_padding)[0]
     weights = randn(B, T, E, generator=g).double()  # the gradient of sum(weights * output)
-    names = ["h"] + [name for name, _ in layer.named_parameters()]
-    yours = torch.autograd.grad((got * weights).sum(), [x, *layer.parameters()], allow_unused=True)
-    theirs = torch.autograd.grad((reference * weights).sum(), [x, *post.parameters()], allow_unused=True)
+    names = ["h", "memory"] + [name for name, _ in layer.named_parameters()]
+    yours = torch.autograd.grad((got * weights).sum(), [x, memory, *layer.parameters()], allow_unused=True)
+    theirs = torch.autograd.grad((reference * weights).sum(), [x, memory, *post.parameters()], allow_unused=True)
     atol, rtol = tolerance(torch.float64)
+    inputs = {"h": x, "memory": memory}
     for name, a, b in zip(names, yours, theirs):
-        b = torch.zeros_like(x if name == "h" else dict(post.named_parameters())[name]) if b is None else b
+        b = torch.zeros_like(inputs[name] if name in inputs else dict(post.named_parameters())[name]) if b is None else b
         if a is None or not torch.allclose(a.detach(), b.detach(), atol=atol, rtol=rtol):
             state = "none at all" if a is None else "it differs"
             raise Mismatch(f"{what}: your output is right, but its gradient with respect to {name} is not "
